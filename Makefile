@@ -1,0 +1,37 @@
+# Two entry points: `make demo` and `make test`. Each creates .venv and
+# installs what it needs; a stamp per extra set avoids reinstalling.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.stamp-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[jax,dev]'
+	touch $@ $(VENV)/.stamp-base
+
+demo: $(VENV)/.stamp-base
+	$(BIN)/python -m examples.matrix_exp_demo
+
+lint: $(VENV)/.stamp-dev
+	$(BIN)/ruff check nets sciml adjoints tests benchmarks examples
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.stamp-dev
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m benchmarks.matrix_exp
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,426 @@
+"""Shared helpers for the benchmark scripts (see BENCHMARKS.md).
+
+Every benchmark runs our implementation and each installed peer in one
+process, alternating them round by round after a warm-up, prints one table
+and optionally writes the same numbers as JSON::
+
+    {"bench": NAME, "machine": {"cpus", "threads", "cpu"},
+     "results": [{"impl", "unit", "median_s", "min_s", "max_s",
+                  "first_call_s", "quality": {...}}, ...],
+     "ratios": {"peer/ours": median_peer / median_ours, ...}}
+
+A row whose implementation could not run carries ``"error"`` (``"not
+installed"`` for a missing peer) and nulls for the timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+NOT_INSTALLED = "not installed"
+
+
+# --------------------------------------------------------------------------- setup
+
+
+def make_parser(description: str) -> argparse.ArgumentParser:
+    """Return an argument parser with the options every benchmark shares.
+
+    Parameters
+    ----------
+    description : str
+        Text shown by ``--help``.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        Parser with ``--quick``, ``--json PATH`` and ``--threads N``; a script
+        adds its own options before calling ``parse_args``.
+    """
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="small problem, few rounds (smoke test)")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=available_cpus(),
+        help="threads for every implementation (default: all available cores)",
+    )
+    return p
+
+
+def available_cpus() -> int:
+    """Number of cores this process may run on (respects taskset / cgroups affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine_info(threads: int) -> dict[str, Any]:
+    """Describe the machine as the JSON ``machine`` field.
+
+    Parameters
+    ----------
+    threads : int
+        Threads the benchmark gave each implementation.
+
+    Returns
+    -------
+    dict
+        ``{"cpus": int, "threads": int, "cpu": str}``; ``cpu`` is the model
+        name from ``/proc/cpuinfo`` (or ``platform.processor()`` elsewhere).
+    """
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        import platform
+
+        cpu = platform.processor()
+    return {"cpus": available_cpus(), "threads": int(threads), "cpu": cpu}
+
+
+def _cpu_seconds() -> tuple[float, float, float]:
+    """(wall time, busy CPU seconds of the whole machine, CPU seconds of this process)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = (sum(v[:8]) - v[3] - v[4]) / hz  # all but idle and iowait; guest is inside user
+    t = os.times()
+    return time.perf_counter(), busy, t.user + t.system
+
+
+class OtherLoad:
+    """How many cores other processes kept busy between ``start()`` and ``stop()``.
+
+    Threaded peers (OpenMP spin barriers) slow down 10-100x when another
+    process takes one of 2 cores, so every run says how quiet the machine
+    was: machine-wide busy time (/proc/stat) minus this process's own.
+    """
+
+    def start(self) -> OtherLoad:
+        try:
+            self._t0 = _cpu_seconds()
+        except (OSError, ValueError):  # no /proc: not Linux
+            self._t0 = None
+        return self
+
+    def stop(self) -> float | None:
+        """Average number of cores other processes used; None where unknown."""
+        if self._t0 is None:
+            return None
+        (w0, b0, o0), (w1, b1, o1) = self._t0, _cpu_seconds()
+        return max(0.0, ((b1 - b0) - (o1 - o0)) / max(w1 - w0, 1e-9))
+
+    @staticmethod
+    def note(cores: float | None, when: str) -> str:
+        """Text for the report, with a warning above a third of a core."""
+        if cores is None:
+            return f"load of other processes {when}: unknown"
+        txt = f"other processes used {cores:.2f} cores {when}"
+        return txt + (" [WARNING: machine busy, timings unreliable]" if cores > 0.3 else "")
+
+
+def busy_note(window_s: float = 0.5) -> str:
+    """Load of other processes over a short window now (for the header)."""
+    mon = OtherLoad().start()
+    time.sleep(window_s)
+    return OtherLoad.note(mon.stop(), "at start")
+
+
+def optional_import(name: str) -> tuple[Any, str | None]:
+    """Import a peer library, telling "not installed" apart from "broken".
+
+    Parameters
+    ----------
+    name : str
+        Module name.
+
+    Returns
+    -------
+    module, error : (module or None, str or None)
+        ``error`` is ``"not installed"`` when the module itself is missing,
+        ``"error: ..."`` when it exists but fails to import (a real problem
+        that must show in the table, not be mistaken for an absent peer).
+    """
+    try:
+        return importlib.import_module(name), None
+    except ModuleNotFoundError as e:
+        if e.name is not None and (e.name == name or name.startswith(e.name + ".")):
+            return None, NOT_INSTALLED
+        return None, error_text(e)
+    except Exception as e:  # any import-time failure is reported in the row
+        return None, error_text(e)
+
+
+def error_text(e: BaseException) -> str:
+    """One-line description of an exception for a table row."""
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"error: {type(e).__name__}: {msg}"[:200]
+
+
+# --------------------------------------------------------------------------- timing
+
+
+@dataclass
+class Impl:
+    """One implementation under test.
+
+    Parameters
+    ----------
+    name : str
+        Row label, e.g. ``"nets"``, ``"torch"``, ``"jax-fori"``.
+    run : callable, optional
+        One timed round of work; ``units`` units of work per call.
+    units : int
+        Units of work (iterations, steps, gradients) done by one ``run()``.
+    warmup : callable, optional
+        First call (compilation, cache load, one small unit of work); timed
+        separately as ``first_call_s`` and not counted in the statistics.
+    setup : callable, optional
+        Untimed preparation before every ``run()`` (e.g. a fresh copy of the
+        initial parameters, so that every round does the same work).
+    error : str, optional
+        Set when the implementation cannot run (``"not installed"``,
+        ``"error: ..."``); such a row is reported, never timed.
+    """
+
+    name: str
+    run: Callable[[], Any] | None = None
+    units: int = 1
+    warmup: Callable[[], Any] | None = None
+    setup: Callable[[], Any] | None = None
+    error: str | None = None
+    first_call_s: float | None = None
+    times: list[float] = field(default_factory=list)
+
+
+def _call(impl: Impl, fn: Callable[[], Any]) -> float | None:
+    """Run ``fn`` for ``impl``; on failure mark the row and print the traceback.
+
+    The traceback goes to stderr so a broken implementation is visible at
+    once rather than hidden behind an "error" cell.
+    """
+    try:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    except Exception as e:  # reported in the row and on stderr
+        impl.error = error_text(e)
+        print(f"[{impl.name}] failed:", file=sys.stderr)
+        traceback.print_exc(file=sys.stderr)
+        return None
+
+
+def time_alternating(impls: Sequence[Impl], repeats: int, pause_s: float = 0.2) -> None:
+    """Warm up, then time every implementation, alternating them each round.
+
+    Round r runs impl 1, impl 2, ... then round r+1 again, so slow drifts of
+    a shared machine (other jobs, frequency changes) hit all of them alike.
+    Results are stored on the ``Impl`` objects (``first_call_s``, ``times``
+    in seconds per unit, ``error``).
+
+    Parameters
+    ----------
+    impls : sequence of Impl
+        Implementations; those with ``error`` set are skipped.
+    repeats : int
+        Timed rounds per implementation.
+    pause_s : float
+        Sleep between calls, untimed: OpenMP / TBB worker threads keep
+        spinning for a while after a parallel region, and without the pause
+        they would steal cores from the next implementation.
+    """
+    for impl in impls:
+        if impl.error is None and impl.warmup is not None:
+            impl.first_call_s = _call(impl, impl.warmup)
+            time.sleep(pause_s)
+    for _ in range(repeats):
+        for impl in impls:
+            if impl.error is not None or impl.run is None:
+                continue
+            if impl.setup is not None and _call(impl, impl.setup) is None:
+                continue
+            # Collect the previous impl's garbage now rather than inside this impl's timing.
+            gc.collect()
+            dt = _call(impl, impl.run)
+            if dt is not None:
+                impl.times.append(dt / impl.units)
+            time.sleep(pause_s)
+
+
+def result_row(impl: Impl, unit: str, quality: dict[str, float] | None = None) -> dict[str, Any]:
+    """JSON row for one implementation (timings in seconds per unit).
+
+    Parameters
+    ----------
+    impl : Impl
+        A timed implementation.
+    unit : str
+        Name of the unit of work ("iter", "step", "grad", ...).
+    quality : dict, optional
+        Quality figures (loss, accuracy, gradient error).
+
+    Returns
+    -------
+    dict
+        Row in the BENCHMARKS.md JSON format; failed rows carry ``error``.
+    """
+    row: dict[str, Any] = {"impl": impl.name, "unit": unit}
+    ok = impl.error is None and bool(impl.times)
+    row["median_s"] = statistics.median(impl.times) if ok else None
+    row["min_s"] = min(impl.times) if ok else None
+    row["max_s"] = max(impl.times) if ok else None
+    row["first_call_s"] = impl.first_call_s if ok else None
+    row["quality"] = dict(quality or {}) if ok else {}
+    if not ok:
+        row["error"] = impl.error or "error: no successful round"
+    return row
+
+
+def ratios(rows: Sequence[dict[str, Any]], ours: str = "nets") -> dict[str, float]:
+    """Median time of every peer divided by ours (> 1: ours is faster).
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Rows from :func:`result_row`.
+    ours : str
+        Name of our implementation's row.
+
+    Returns
+    -------
+    dict
+        ``{"peer/ours": ratio}`` for every peer row that ran; empty when our
+        row did not run.
+    """
+    base = next((r["median_s"] for r in rows if r["impl"] == ours), None)
+    if not base:
+        return {}
+    return {
+        f"{r['impl']}/{ours}": r["median_s"] / base
+        for r in rows
+        if r["impl"] != ours and r.get("median_s")
+    }
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def fmt_time(s: float | None) -> str:
+    """Format seconds with a unit that keeps three significant digits."""
+    if s is None:
+        return "-"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if s >= scale:
+            return f"{s / scale:.3g} {unit}"
+    return f"{s / 1e-9:.3g} ns"
+
+
+def print_table(
+    rows: Sequence[dict[str, Any]],
+    extra: dict[str, Callable[[dict[str, Any]], str]] | None = None,
+    ours: str = "nets",
+    file=None,
+) -> None:
+    """Print the results table, then the peer/ours ratios.
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Rows from :func:`result_row`.
+    extra : dict, optional
+        Additional display-only columns, ``{title: row -> text}`` (e.g. an
+        implied GFLOP/s), shown before the quality columns.
+    ours : str
+        Name of our implementation's row (the ratios' denominator).
+    file : file-like, optional
+        Output stream (default stdout).
+    """
+    file = file or sys.stdout
+    extra = extra or {}
+    qkeys: list[str] = []
+    for r in rows:
+        qkeys += [k for k in r["quality"] if k not in qkeys]
+    unit = next((r["unit"] for r in rows), "unit")
+    head = ["impl", f"median/{unit}", "min-max", "first call", *extra, *qkeys]
+    body = []
+    for r in rows:
+        if r.get("error"):
+            body.append([r["impl"], r["error"]])
+            continue
+        cells = [
+            r["impl"],
+            fmt_time(r["median_s"]),
+            f"{fmt_time(r['min_s'])} - {fmt_time(r['max_s'])}",
+            fmt_time(r["first_call_s"]),
+            *(f(r) for f in extra.values()),
+            *(_fmt_quality(r["quality"].get(k)) for k in qkeys),
+        ]
+        body.append(cells)
+    # Width from complete rows only: an error row spans the remaining columns.
+    width = [max(len(c[i]) for c in [head, *body] if len(c) == len(head)) for i in range(len(head))]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) for c, w in zip(cells, width, strict=True)).rstrip()
+
+    print(line(head), file=file)
+    print(line(["-" * w for w in width]), file=file)
+    for cells in body:
+        if len(cells) == len(head):
+            print(line(cells), file=file)
+        else:
+            print(cells[0].ljust(width[0]) + "  " + cells[1], file=file)
+    rat = ratios(rows, ours)
+    if rat:
+        txt = "  ".join(f"{k} {v:.2f}x" for k, v in rat.items())
+        print(f"ratios (peer median / {ours} median, > 1: {ours} faster): {txt}", file=file)
+    else:
+        print(f"ratios: none ({ours} did not run)", file=file)
+
+
+def _fmt_quality(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def write_json(path: str, bench: str, machine: dict[str, Any], rows, ours: str = "nets") -> None:
+    """Write the results in the BENCHMARKS.md JSON format.
+
+    Parameters
+    ----------
+    path : str
+        Output file; parent folders are created.
+    bench : str
+        Benchmark name.
+    machine : dict
+        From :func:`machine_info`.
+    rows : sequence of dict
+        Rows from :func:`result_row`.
+    ours : str
+        Name of our implementation's row.
+    """
+    doc = {"bench": bench, "machine": machine, "results": list(rows), "ratios": ratios(rows, ours)}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")

@@ -1,0 +1,170 @@
+"""Activation functions: names, numba scalar kernels and a row-wise dispatcher.
+
+Each activation is a pair of scalar functions of the pre-activation `z`:
+its value and its derivative. Kernels apply them to a contiguous row of a
+buffer, overwriting `z` with the value and writing the derivative beside it,
+so the backward pass is a plain multiply whatever the activation.
+
+float32 `tanh` uses a rational approximation (max error a few ulp in float32)
+because libm `tanh` is a scalar call that blocks vectorisation and was ~8x
+slower inside the kernels; float64 keeps libm's `tanh` for exactness.
+"""
+
+import math
+
+import numpy as np
+from numba import types
+from numba.extending import overload
+
+from ._config import jit
+
+# Codes are part of the compiled kernels: append, never reorder.
+BUILTIN = ("identity", "tanh", "sigmoid", "relu", "softplus", "gelu", "silu", "elu", "rbf")
+CODES = {name: i for i, name in enumerate(BUILTIN)}
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _tanh_stub(x):
+    return math.tanh(x)
+
+
+# Coefficients of the odd/even minimax rational approximation of tanh on
+# [-7.905, 7.905] used by Eigen's float path (Eigen: ptanh_float); outside
+# that interval tanh rounds to +-1 in float32.
+_A = (4.89352455891786e-03, 6.37261928875436e-04, 1.48572235717979e-05,
+      5.12229709037114e-08, -8.60467152213735e-11, 2.00018790482477e-13,
+      -2.76076847742355e-16)
+_B = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04,
+      1.19825839466702e-06)
+
+
+@overload(_tanh_stub, jit_options=dict(fastmath=True, error_model="numpy"))
+def _tanh_overload(x):
+    if isinstance(x, types.Float) and x.bitwidth == 32:
+        a0, a1, a2, a3, a4, a5, a6 = (np.float32(c) for c in _A)
+        b0, b1, b2, b3 = (np.float32(c) for c in _B)
+        lim = np.float32(7.90531110763549805)
+
+        def impl(x):
+            x = min(max(x, -lim), lim)
+            x2 = x * x
+            num = x * (a0 + x2 * (a1 + x2 * (a2 + x2 * (a3 + x2 * (a4 + x2 * (a5 + x2 * a6))))))
+            den = b0 + x2 * (b1 + x2 * (b2 + x2 * b3))
+            return num / den
+
+        return impl
+    return lambda x: math.tanh(x)
+
+
+@jit(inline="always")
+def tanh(x):
+    """tanh; rational approximation in float32, libm in float64."""
+    return _tanh_stub(x)
+
+
+@jit(inline="always")
+def sigmoid(x):
+    # Two branches keep exp's argument non-positive: no overflow.
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
+@jit
+def activate_row(code, buf, zo, do, n, need_d):
+    """Apply activation `code` to buf[zo:zo+n] in place; derivative to buf[do:do+n].
+
+    The branch on `code` sits outside the element loops so each loop is a
+    straight vectorisable body.
+    """
+    z = buf[zo:zo + n]
+    d = buf[do:do + n]
+    one = buf.dtype.type(1.0)
+    if code == 0:  # identity
+        if need_d:
+            for j in range(n):
+                d[j] = one
+    elif code == 1:  # tanh
+        for j in range(n):
+            z[j] = tanh(z[j])
+        if need_d:
+            for j in range(n):
+                d[j] = one - z[j] * z[j]
+    elif code == 2:  # sigmoid
+        for j in range(n):
+            z[j] = sigmoid(z[j])
+        if need_d:
+            for j in range(n):
+                d[j] = z[j] * (one - z[j])
+    elif code == 3:  # relu
+        for j in range(n):
+            if need_d:
+                d[j] = one if z[j] > 0 else 0
+            z[j] = max(z[j], 0)
+    elif code == 4:  # softplus
+        for j in range(n):
+            x = z[j]
+            if need_d:
+                d[j] = sigmoid(x)
+            z[j] = math.log1p(math.exp(-abs(x))) + max(x, 0)
+    elif code == 5:  # gelu, tanh form (the default in JAX and Flux)
+        for j in range(n):
+            x = z[j]
+            t = tanh(_GELU_C * (x + 0.044715 * x * x * x))
+            if need_d:
+                d[j] = 0.5 * (one + t) + 0.5 * x * (one - t * t) * _GELU_C * (
+                    one + 3 * 0.044715 * x * x)
+            z[j] = 0.5 * x * (one + t)
+    elif code == 6:  # silu
+        for j in range(n):
+            x = z[j]
+            s = sigmoid(x)
+            if need_d:
+                d[j] = s * (one + x * (one - s))
+            z[j] = x * s
+    elif code == 7:  # elu, alpha = 1
+        for j in range(n):
+            x = z[j]
+            v = x if x > 0 else math.expm1(x)
+            if need_d:
+                d[j] = one if x > 0 else v + one
+            z[j] = v
+    elif code == 8:  # rbf
+        for j in range(n):
+            x = z[j]
+            v = math.exp(-x * x)
+            if need_d:
+                d[j] = -2 * x * v
+            z[j] = v
+
+
+def reference(name, z):
+    """Plain numpy value and derivative of a builtin activation (for tests)."""
+    z = np.asarray(z, dtype=np.float64)
+    s = 1.0 / (1.0 + np.exp(-z))
+    if name == "identity":
+        return z.copy(), np.ones_like(z)
+    if name == "tanh":
+        t = np.tanh(z)
+        return t, 1 - t**2
+    if name == "sigmoid":
+        return s, s * (1 - s)
+    if name == "relu":
+        return np.maximum(z, 0), (z > 0).astype(float)
+    if name == "softplus":
+        return np.logaddexp(0, z), s
+    if name == "gelu":
+        t = np.tanh(_GELU_C * (z + 0.044715 * z**3))
+        return 0.5 * z * (1 + t), 0.5 * (1 + t) + 0.5 * z * (1 - t**2) * _GELU_C * (
+            1 + 3 * 0.044715 * z**2)
+    if name == "silu":
+        return z * s, s * (1 + z * (1 - s))
+    if name == "elu":
+        v = np.where(z > 0, z, np.expm1(np.minimum(z, 0)))
+        return v, np.where(z > 0, 1.0, v + 1)
+    if name == "rbf":
+        v = np.exp(-z**2)
+        return v, -2 * z * v
+    raise KeyError(name)

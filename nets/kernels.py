@@ -1,0 +1,631 @@
+"""Compiled kernels shared by every `Chain`: one generic set that loops over layers.
+
+A chain is described to the kernels by `meta`, an int64 array with one row
+per layer: (n_in, n_out, activation code, weight offset, bias offset or -1),
+offsets into the flat parameter vector `p` (weights row-major (out, in), then
+the bias). Samples are processed in chunks of `B`: a chunk is copied into the
+workspace feature-major, `(features)`, so that every inner loop runs over
+contiguous samples and vectorises. A workspace row for one chunk holds
+
+    [input (n_in*B) | per layer: value (n_out*B), derivative (n_out*B) |
+     two cotangent buffers (width_max*B each)]
+
+(`chunk_size`). Nothing here allocates: callers own every buffer.
+
+Custom activations recompile this very source with another activation
+dispatcher (`with_activation`): one set of kernels, never a hand-copied twin.
+"""
+
+import math
+from pathlib import Path
+
+import numpy as np
+from numba import prange
+
+from ._config import jit as _jit
+from ._config import pjit as _pjit
+from .activations import activate_row
+
+_OVERRIDE = globals().get("_ACTIVATE_OVERRIDE")
+_activate = _OVERRIDE if _OVERRIDE is not None else activate_row
+# A recompiled copy has no source file of its own to cache against.
+_CACHE = _OVERRIDE is None
+
+IN, OUT, ACT, WOFF, BOFF = range(5)
+
+# Samples per chunk: a compile-time constant, so that rows of a layer sit at
+# constant offsets from each other (see the per-layer cores). 128 float32
+# columns keep the widest layers of a small network in L1.
+B = 128
+
+
+def jit(*a, **k):
+    return _jit(*a, cache=_CACHE, **k)
+
+
+def pjit(*a, **k):
+    return _pjit(*a, cache=_CACHE, **k)
+
+
+# ---------------------------------------------------------------- layout
+
+
+@jit
+def chunk_size(meta):
+    """Length of one chunk's workspace row, padded to 64 bytes."""
+    n = meta[0, IN]
+    w = meta[0, IN]
+    for l in range(meta.shape[0]):
+        n += 2 * meta[l, OUT]
+        w = max(w, meta[l, OUT])
+    n = B * (n + 2 * w)
+    return (n + 15) // 16 * 16
+
+
+@jit(inline="always")
+def _delta_offsets(meta):
+    n = meta[0, IN]
+    w = meta[0, IN]
+    for l in range(meta.shape[0]):
+        n += 2 * meta[l, OUT]
+        w = max(w, meta[l, OUT])
+    return n * B, (n + w) * B
+
+
+# ------------------------------------------------------ per-layer cores
+#
+# Each core works on 4 output rows x 4 input rows at a time so that every
+# element loaded feeds four FMAs. A block at the edge is shifted back to end
+# at the last row (overlapping rows are recomputed identically, or get zero
+# weights where the operation accumulates); layers narrower than 4 use the
+# plain loops. Rows sit at constant multiples of the compile-time chunk
+# width B, which lets LLVM vectorise with a single aliasing check.
+
+
+@jit(inline="always")
+def _w(p, woff, nin, o, i, fresh):
+    return p[woff + o * nin + i] if fresh else p.dtype.type(0.0)
+
+
+@jit(inline="always")
+def _dense_forward(p, woff, boff, nin, nout, buf, xo, zo, nb):
+    """z[o, :] = b[o] + sum_i W[o, i] x[i, :] for the chunk's nb columns."""
+    zero = p.dtype.type(0.0)
+    if nout < 4 or nin < 4:
+        for o in range(nout):
+            z = buf[zo + o * B: zo + o * B + nb]
+            bo = p[boff + o] if boff >= 0 else zero
+            for b in range(nb):
+                z[b] = bo
+            for i in range(nin):
+                w = p[woff + o * nin + i]
+                x = buf[xo + i * B: xo + i * B + nb]
+                for b in range(nb):
+                    z[b] += w * x[b]
+        return
+    for ob in range(0, nout, 4):
+        o = min(ob, nout - 4)
+        z = buf[zo + o * B: zo + (o + 4) * B]
+        b0 = p[boff + o] if boff >= 0 else zero
+        b1 = p[boff + o + 1] if boff >= 0 else zero
+        b2 = p[boff + o + 2] if boff >= 0 else zero
+        b3 = p[boff + o + 3] if boff >= 0 else zero
+        for ib in range(0, nin, 4):
+            i = min(ib, nin - 4)
+            x = buf[xo + i * B: xo + (i + 4) * B]
+            f0, f1, f2, f3 = i >= ib, i + 1 >= ib, i + 2 >= ib, i + 3 >= ib
+            w00 = _w(p, woff, nin, o, i, f0)
+            w01 = _w(p, woff, nin, o, i + 1, f1)
+            w02 = _w(p, woff, nin, o, i + 2, f2)
+            w03 = _w(p, woff, nin, o, i + 3, f3)
+            w10 = _w(p, woff, nin, o + 1, i, f0)
+            w11 = _w(p, woff, nin, o + 1, i + 1, f1)
+            w12 = _w(p, woff, nin, o + 1, i + 2, f2)
+            w13 = _w(p, woff, nin, o + 1, i + 3, f3)
+            w20 = _w(p, woff, nin, o + 2, i, f0)
+            w21 = _w(p, woff, nin, o + 2, i + 1, f1)
+            w22 = _w(p, woff, nin, o + 2, i + 2, f2)
+            w23 = _w(p, woff, nin, o + 2, i + 3, f3)
+            w30 = _w(p, woff, nin, o + 3, i, f0)
+            w31 = _w(p, woff, nin, o + 3, i + 1, f1)
+            w32 = _w(p, woff, nin, o + 3, i + 2, f2)
+            w33 = _w(p, woff, nin, o + 3, i + 3, f3)
+            if ib == 0:
+                for b in range(nb):
+                    a0, a1, a2, a3 = x[b], x[B + b], x[2 * B + b], x[3 * B + b]
+                    z[b] = b0 + w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
+                    z[B + b] = b1 + w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
+                    z[2 * B + b] = b2 + w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
+                    z[3 * B + b] = b3 + w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
+            else:
+                for b in range(nb):
+                    a0, a1, a2, a3 = x[b], x[B + b], x[2 * B + b], x[3 * B + b]
+                    z[b] += w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
+                    z[B + b] += w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
+                    z[2 * B + b] += w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
+                    z[3 * B + b] += w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
+
+
+@jit(inline="always")
+def _weight_grad(p, g, woff, nin, nout, buf, xo, go, nb):
+    """g[W] += dz @ x^T over the chunk (reductions over samples)."""
+    zero = p.dtype.type(0.0)
+    if nout < 4 or nin < 4:
+        for o in range(nout):
+            dz = buf[go + o * B: go + o * B + nb]
+            for i in range(nin):
+                x = buf[xo + i * B: xo + i * B + nb]
+                acc = zero
+                for b in range(nb):
+                    acc += dz[b] * x[b]
+                g[woff + o * nin + i] += acc
+        return
+    for ob in range(0, nout, 4):
+        o = min(ob, nout - 4)
+        d = buf[go + o * B: go + (o + 4) * B]
+        for ib in range(0, nin, 4):
+            i = min(ib, nin - 4)
+            x = buf[xo + i * B: xo + (i + 4) * B]
+            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
+            s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = zero
+            for b in range(nb):
+                a0, a1, a2, a3 = x[b], x[B + b], x[2 * B + b], x[3 * B + b]
+                d0, d1, d2, d3 = d[b], d[B + b], d[2 * B + b], d[3 * B + b]
+                s00 += d0 * a0
+                s01 += d0 * a1
+                s02 += d0 * a2
+                s03 += d0 * a3
+                s10 += d1 * a0
+                s11 += d1 * a1
+                s12 += d1 * a2
+                s13 += d1 * a3
+                s20 += d2 * a0
+                s21 += d2 * a1
+                s22 += d2 * a2
+                s23 += d2 * a3
+                s30 += d3 * a0
+                s31 += d3 * a1
+                s32 += d3 * a2
+                s33 += d3 * a3
+            _acc_row(g, woff + o * nin + i, o >= ob, i, ib, s00, s01, s02, s03)
+            _acc_row(g, woff + (o + 1) * nin + i, o + 1 >= ob, i, ib, s10, s11, s12, s13)
+            _acc_row(g, woff + (o + 2) * nin + i, o + 2 >= ob, i, ib, s20, s21, s22, s23)
+            _acc_row(g, woff + (o + 3) * nin + i, o + 3 >= ob, i, ib, s30, s31, s32, s33)
+
+
+@jit(inline="always")
+def _acc_row(g, k, row_fresh, i, ib, s0, s1, s2, s3):
+    # Entries a shifted edge block shares with the previous block are skipped.
+    if row_fresh:
+        if i >= ib:
+            g[k] += s0
+        if i + 1 >= ib:
+            g[k + 1] += s1
+        if i + 2 >= ib:
+            g[k + 2] += s2
+        if i + 3 >= ib:
+            g[k + 3] += s3
+
+
+@jit(inline="always")
+def _input_grad(p, woff, nin, nout, buf, go, gi, nb):
+    """gx[i, :] = sum_o W[o, i] dz[o, :]."""
+    if nout < 4 or nin < 4:
+        for i in range(nin):
+            gx = buf[gi + i * B: gi + i * B + nb]
+            for b in range(nb):
+                gx[b] = 0.0
+        for o in range(nout):
+            dz = buf[go + o * B: go + o * B + nb]
+            for i in range(nin):
+                w = p[woff + o * nin + i]
+                gx = buf[gi + i * B: gi + i * B + nb]
+                for b in range(nb):
+                    gx[b] += w * dz[b]
+        return
+    for ib in range(0, nin, 4):
+        i = min(ib, nin - 4)
+        gx = buf[gi + i * B: gi + (i + 4) * B]
+        for ob in range(0, nout, 4):
+            o = min(ob, nout - 4)
+            d = buf[go + o * B: go + (o + 4) * B]
+            f0, f1, f2, f3 = o >= ob, o + 1 >= ob, o + 2 >= ob, o + 3 >= ob
+            # w_jk = W[o + k, i + j]: the transposed block.
+            w00 = _w(p, woff, nin, o, i, f0)
+            w01 = _w(p, woff, nin, o + 1, i, f1)
+            w02 = _w(p, woff, nin, o + 2, i, f2)
+            w03 = _w(p, woff, nin, o + 3, i, f3)
+            w10 = _w(p, woff, nin, o, i + 1, f0)
+            w11 = _w(p, woff, nin, o + 1, i + 1, f1)
+            w12 = _w(p, woff, nin, o + 2, i + 1, f2)
+            w13 = _w(p, woff, nin, o + 3, i + 1, f3)
+            w20 = _w(p, woff, nin, o, i + 2, f0)
+            w21 = _w(p, woff, nin, o + 1, i + 2, f1)
+            w22 = _w(p, woff, nin, o + 2, i + 2, f2)
+            w23 = _w(p, woff, nin, o + 3, i + 2, f3)
+            w30 = _w(p, woff, nin, o, i + 3, f0)
+            w31 = _w(p, woff, nin, o + 1, i + 3, f1)
+            w32 = _w(p, woff, nin, o + 2, i + 3, f2)
+            w33 = _w(p, woff, nin, o + 3, i + 3, f3)
+            if ob == 0:
+                for b in range(nb):
+                    a0, a1, a2, a3 = d[b], d[B + b], d[2 * B + b], d[3 * B + b]
+                    gx[b] = w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
+                    gx[B + b] = w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
+                    gx[2 * B + b] = w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
+                    gx[3 * B + b] = w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
+            else:
+                for b in range(nb):
+                    a0, a1, a2, a3 = d[b], d[B + b], d[2 * B + b], d[3 * B + b]
+                    gx[b] += w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
+                    gx[B + b] += w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
+                    gx[2 * B + b] += w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
+                    gx[3 * B + b] += w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
+
+
+@jit(inline="always")
+def _dense_backward(p, g, woff, boff, nin, nout, buf, xo, do, go, gi, nb, want_input):
+    """Cotangent of one layer.
+
+    On entry buf[go] holds dL/da (n_out); it is turned into dL/dz in place.
+    Accumulates the weight and bias cotangents into `g`; if `want_input`,
+    writes dL/dx (n_in) into buf[gi].
+    """
+    zero = p.dtype.type(0.0)
+    for o in range(nout):
+        dz = buf[go + o * B: go + o * B + nb]
+        d = buf[do + o * B: do + o * B + nb]
+        s = zero
+        for b in range(nb):
+            dz[b] *= d[b]
+            s += dz[b]
+        if boff >= 0:
+            g[boff + o] += s
+    _weight_grad(p, g, woff, nin, nout, buf, xo, go, nb)
+    if want_input:
+        _input_grad(p, woff, nin, nout, buf, go, gi, nb)
+
+
+@jit
+def forward_layers(meta, p, buf, nb, need_d):
+    """Run all layers on the chunk already in buf[0:n_in*B]; return the output offset."""
+    xo = 0
+    off = meta[0, IN] * B
+    for l in range(meta.shape[0]):
+        nin = meta[l, IN]
+        nout = meta[l, OUT]
+        zo = off
+        do = off + nout * B
+        _dense_forward(p, meta[l, WOFF], meta[l, BOFF], nin, nout, buf, xo, zo, nb)
+        for o in range(nout):
+            _activate(meta[l, ACT], buf, zo + o * B, do + o * B, nb, need_d)
+        xo = zo
+        off = do + nout * B
+    return xo
+
+
+@jit
+def backward_layers(meta, p, g, buf, nb, want_input):
+    """Back-propagate the output cotangent found at the first cotangent buffer.
+
+    Accumulates into `g`; returns the offset of dL/dx (n_in) (valid only
+    if `want_input`).
+    """
+    ga, gb = _delta_offsets(meta)
+    # Offsets of each layer's value/derivative, walked backwards.
+    L = meta.shape[0]
+    off = meta[0, IN] * B
+    for l in range(L):
+        off += 2 * meta[l, OUT] * B
+    go = ga
+    gi = gb
+    for l in range(L - 1, -1, -1):
+        nin = meta[l, IN]
+        nout = meta[l, OUT]
+        off -= 2 * nout * B
+        do = off + nout * B
+        xo = off - 2 * nin * B if l > 0 else 0
+        _dense_backward(p, g, meta[l, WOFF], meta[l, BOFF], nin, nout, buf, xo, do, go, gi,
+                        nb, want_input or l > 0)
+        go, gi = gi, go
+    return go
+
+
+# -------------------------------------------------------------- batched API
+
+
+@jit
+def forward(meta, p, X, Y, buf):
+    """Y[n, :] = chain(X[n, :]) for every row, in chunks of B."""
+    N = X.shape[0]
+    nin = meta[0, IN]
+    nout = meta[-1, OUT]
+    for r0 in range(0, N, B):
+        nb = min(B, N - r0)
+        for b in range(nb):
+            for i in range(nin):
+                buf[i * B + b] = X[r0 + b, i]
+        yo = forward_layers(meta, p, buf, nb, False)
+        for b in range(nb):
+            for o in range(nout):
+                Y[r0 + b, o] = buf[yo + o * B + b]
+
+
+@jit
+def vjp(meta, p, X, V, Xbar, pbar, buf):
+    """Xbar = V^T dY/dX per row (written); pbar += sum over rows of V^T dY/dp."""
+    N = X.shape[0]
+    nin = meta[0, IN]
+    nout = meta[-1, OUT]
+    ga, _ = _delta_offsets(meta)
+    for r0 in range(0, N, B):
+        nb = min(B, N - r0)
+        for b in range(nb):
+            for i in range(nin):
+                buf[i * B + b] = X[r0 + b, i]
+        forward_layers(meta, p, buf, nb, True)
+        for b in range(nb):
+            for o in range(nout):
+                buf[ga + o * B + b] = V[r0 + b, o]
+        gx = backward_layers(meta, p, pbar, buf, nb, True)
+        for b in range(nb):
+            for i in range(nin):
+                Xbar[r0 + b, i] = buf[gx + i * B + b]
+
+
+@jit
+def jacobian(meta, p, X, J, buf):
+    """J[n] = dY/dX at X[n], shape (n_out, n_in), by forward mode.
+
+    The chunk's batch axis carries the n_in tangent directions: a tangent
+    goes through each layer as W @ t, scaled by the activation derivative.
+    Needs B >= n_in (the workspace guarantees it).
+    """
+    N = X.shape[0]
+    nin0 = meta[0, IN]
+    L = meta.shape[0]
+    for n in range(N):
+        for i in range(nin0):
+            buf[i * B] = X[n, i]
+        forward_layers(meta, p, buf, 1, True)
+        # Tangents ping-pong between the two cotangent buffers.
+        ta, tb = _delta_offsets(meta)
+        for i in range(nin0):
+            for j in range(nin0):
+                buf[ta + i * B + j] = 1.0 if i == j else 0.0
+        off = nin0 * B
+        for l in range(L):
+            nin = meta[l, IN]
+            nout = meta[l, OUT]
+            do = off + nout * B
+            _dense_forward(p, meta[l, WOFF], -1, nin, nout, buf, ta, tb, nin0)
+            for o in range(nout):
+                s = buf[do + o * B]
+                for j in range(nin0):
+                    buf[tb + o * B + j] *= s
+            off = do + nout * B
+            ta, tb = tb, ta
+        for o in range(meta[-1, OUT]):
+            for j in range(nin0):
+                J[n, o, j] = buf[ta + o * B + j]
+
+
+# ------------------------------------------------------------------ losses
+
+SQUARED, ABSOLUTE, LOGITCE = 0, 1, 2
+
+
+@jit(inline="always")
+def _load_columns(dst, src, rows, gather, r0, nb):
+    """dst[k, b] = src[k, row(r0 + b)] for the chunk: src is feature-major (k, N)."""
+    for k in range(src.shape[0]):
+        d = dst[k * B: k * B + nb]
+        s = src[k]
+        if gather:
+            for b in range(nb):
+                d[b] = s[rows[r0 + b]]
+        else:
+            for b in range(nb):
+                d[b] = s[r0 + b]
+
+
+@jit(inline="always")
+def _loss_and_seed(code, buf, yo, ga, to, nb, nout, scale):
+    """Loss of the chunk's outputs buf[yo] vs targets buf[to]; writes scale*dL/dy at buf[ga]."""
+    zero = buf.dtype.type(0.0)
+    total = 0.0
+    if code == SQUARED or code == ABSOLUTE:
+        c = buf.dtype.type(2 * scale if code == SQUARED else scale)
+        for o in range(nout):
+            y = buf[yo + o * B: yo + o * B + nb]
+            t = buf[to + o * B: to + o * B + nb]
+            gy = buf[ga + o * B: ga + o * B + nb]
+            s = zero
+            if code == SQUARED:
+                for b in range(nb):
+                    e = y[b] - t[b]
+                    s += e * e
+                    gy[b] = c * e
+            else:
+                for b in range(nb):
+                    e = y[b] - t[b]
+                    s += abs(e)
+                    gy[b] = c * (1 if e > 0 else (-1 if e < 0 else 0))
+            total += s
+    else:  # logit cross-entropy; the target row holds the class index
+        for b in range(nb):
+            m = buf[yo + b]
+            for o in range(1, nout):
+                m = max(m, buf[yo + o * B + b])
+            s = 0.0
+            for o in range(nout):
+                s += math.exp(buf[yo + o * B + b] - m)
+            label = int(buf[to + b])
+            total += m + math.log(s) - buf[yo + label * B + b]
+            for o in range(nout):
+                q = math.exp(buf[yo + o * B + b] - m) / s
+                buf[ga + o * B + b] = scale * (q - (1.0 if o == label else 0.0))
+    return total * scale
+
+
+@jit
+def loss_grad_rows(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, buf, want_grad):
+    """Loss over samples lo:hi (and its gradient added to g), in chunks of B.
+
+    XT (n_in, N) and TT (n_targets, N) are feature-major. Sample k is column
+    rows[k] if `gather`, else column k (full batch: contiguous copies).
+    """
+    nout = meta[-1, OUT]
+    ga, gb = _delta_offsets(meta)
+    total = 0.0
+    for r0 in range(lo, hi, B):
+        nb = min(B, hi - r0)
+        _load_columns(buf, XT, rows, gather, r0, nb)
+        # Targets wait in the second cotangent buffer, unused until backward.
+        _load_columns(buf[gb:], TT, rows, gather, r0, nb)
+        yo = forward_layers(meta, p, buf, nb, want_grad)
+        total += _loss_and_seed(code, buf, yo, ga, gb, nb, nout, scale)
+        if want_grad:
+            backward_layers(meta, p, g, buf, nb, False)
+    return total
+
+
+@jit
+def loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt, want_grad):
+    """Threaded loss (and gradient written into g) over samples lo:hi (see loss_grad_rows).
+
+    Thread t takes one contiguous block of samples, its own workspace BUF[t]
+    and gradient buffer G[t]; the blocks are summed in thread order, so for a
+    given `nt` the result does not depend on scheduling. Fewer than two
+    chunks run on the calling thread: a parallel launch costs more there.
+    """
+    n = hi - lo
+    npar = g.shape[0]
+    for k in range(npar):
+        g[k] = 0.0
+    if nt <= 1 or n < 2 * B:
+        return loss_grad_rows(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, BUF[0],
+                              want_grad)
+    per = (n + nt - 1) // nt
+    per = (per + B - 1) // B * B  # whole chunks per thread
+    nblk = (n + per - 1) // per
+    _loss_grad_blocks(meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, scale, G, BUF,
+                      want_grad)
+    total = 0.0
+    for t in range(nblk):
+        total += G[t, npar]
+        if want_grad:
+            for k in range(npar):
+                g[k] += G[t, k]
+    return total
+
+
+@pjit
+def _loss_grad_blocks(meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, scale, G, BUF,
+                      want_grad):
+    # Only the prange lives here: in a parallel function numba turns array
+    # expressions into parallel regions too, each one a thread-pool launch.
+    npar = G.shape[1] - 1
+    for t in prange(nblk):
+        gt = G[t]
+        for k in range(npar + 1):
+            gt[k] = 0.0
+        a = lo + t * per
+        gt[npar] = loss_grad_rows(meta, p, XT, TT, rows, gather, a, min(a + per, hi), code,
+                                  scale, gt[:npar], BUF[t], want_grad)
+
+
+@jit
+def penalty(meta, p, g, l1, l2):
+    """l1*|W|_1 + l2*|W|_2^2 over weights (not biases); gradient added to g."""
+    total = 0.0
+    if l1 == 0.0 and l2 == 0.0:
+        return total
+    for l in range(meta.shape[0]):
+        woff = meta[l, WOFF]
+        for k in range(woff, woff + meta[l, IN] * meta[l, OUT]):
+            w = p[k]
+            total += l1 * abs(w) + l2 * w * w
+            g[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
+    return total
+
+
+# -------------------------------------------------------------- optimizers
+
+ADAM, ADAMW, SGD = 0, 1, 2
+
+
+@jit
+def optimizer_step(code, hyper, p, g, m, v, step):
+    """One in-place update of p; `step` is the 1-based count after this update.
+
+    hyper: Adam/AdamW (lr, beta1, beta2, eps, weight_decay); SGD (lr, momentum,
+    nesterov (0/1), weight_decay).
+    """
+    lr = hyper[0]
+    if code == SGD:
+        mom = hyper[1]
+        nesterov = hyper[2] != 0.0
+        wd = hyper[3]
+        for k in range(p.shape[0]):
+            gk = g[k] + wd * p[k]
+            m[k] = mom * m[k] + gk
+            p[k] -= lr * (gk + mom * m[k] if nesterov else m[k])
+        return
+    b1, b2, eps, wd = hyper[1], hyper[2], hyper[3], hyper[4]
+    c1 = 1.0 / (1.0 - b1**step)
+    c2 = 1.0 / (1.0 - b2**step)
+    for k in range(p.shape[0]):
+        gk = g[k]
+        if code == ADAMW:
+            p[k] -= lr * wd * p[k]
+        m[k] = b1 * m[k] + (1 - b1) * gk
+        v[k] = b2 * v[k] + (1 - b2) * gk * gk
+        p[k] -= lr * (m[k] * c1) / (math.sqrt(v[k] * c2) + eps)
+
+
+@jit
+def train_steps(meta, p, XT, TT, rows, gather, bs, nsteps, code, mean, l1, l2,
+                opt, hyper, m, v, step, hist, g, G, BUF, nt):
+    """`nsteps` optimizer steps on consecutive batches of `bs` samples.
+
+    Samples are taken as in `loss_grad_rows`; step s covers samples
+    (s*bs) % N up to at most N, so a full-batch run passes bs == N and an
+    epoch's last batch may be short. With sum losses each step carries the
+    penalty in proportion to its share of the N samples, so that an epoch
+    applies it once; with mean losses every step carries all of it.
+    hist[s] = loss (plus penalty) before step s.
+    Returns the updated step count.
+    """
+    n = XT.shape[1]
+    nout = meta[-1, OUT]
+    for s in range(nsteps):
+        lo = (s * bs) % n
+        hi = min(lo + bs, n)
+        scale = 1.0 / ((hi - lo) * (nout if code != LOGITCE else 1)) if mean else 1.0
+        val = loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
+                        True)
+        share = 1.0 if mean else (hi - lo) / n
+        val += penalty(meta, p, g, share * l1, share * l2)
+        hist[s] = val
+        step += 1
+        optimizer_step(opt, hyper, p, g, m, v, step)
+    return step
+
+
+def with_activation(activate):
+    """This module's kernels recompiled around another activation dispatcher.
+
+    `activate(code, buf, zo, do, n, need_d)` must handle the builtin codes too
+    (delegate to `activations.activate_row`). Not cached on disk: numba cannot
+    key a cache on a user's function.
+    """
+    src = Path(__file__).read_text()
+    ns = {"__name__": f"{__name__}_custom_{id(activate):x}", "__package__": __package__,
+          "_ACTIVATE_OVERRIDE": activate}
+    exec(compile(src, __file__, "exec"), ns)
+    return ns
+
+
+__all__ = ["chunk_size", "forward", "vjp", "jacobian", "loss_grad", "train_steps",
+           "optimizer_step", "penalty", "forward_layers", "backward_layers", "np"]

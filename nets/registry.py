@@ -1,0 +1,90 @@
+"""The activation registry: builtin names plus user-registered scalar pairs.
+
+Builtin activations run in the disk-cached kernels. Registering a custom
+activation builds one extra kernel set that dispatches to the user's numba
+functions; it is compiled in the process that uses it (numba cannot cache a
+kernel keyed on a user's function), so its first call takes a few seconds.
+"""
+
+import numba
+
+from .activations import BUILTIN, CODES, activate_row
+
+_custom = {}  # name -> (code, value_fn, deriv_fn)
+_kernels = {}  # frozenset of custom names -> recompiled kernel namespace
+
+
+def names():
+    return list(BUILTIN) + list(_custom)
+
+
+def code(name):
+    if name in CODES:
+        return CODES[name]
+    if name in _custom:
+        return _custom[name][0]
+    raise ValueError(f"unknown activation {name!r}; known: {', '.join(names())} "
+                     "(add one with nets.register_activation)")
+
+
+def is_builtin(name):
+    return name in CODES
+
+
+def register_activation(name, value, derivative):
+    """Add an activation usable as ``Dense(n, name)``.
+
+    Parameters
+    ----------
+    name : str
+        New name (not a builtin).
+    value, derivative : numba-compiled scalar functions
+        ``value(z)`` and ``d value / dz`` at the pre-activation ``z``, e.g.
+        made with ``numba.njit``. Plain Python functions are compiled for you.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_activation: `name` must be a non-empty str, got {name!r}")
+    if name in CODES:
+        raise ValueError(f"register_activation: {name!r} is a builtin activation")
+    fns = []
+    for arg, fn in (("value", value), ("derivative", derivative)):
+        if not callable(fn):
+            raise TypeError(f"register_activation: `{arg}` must be callable, got {fn!r}")
+        fns.append(fn if isinstance(fn, numba.core.dispatcher.Dispatcher)
+                   else numba.njit(inline="always")(fn))
+    prev = _custom.get(name)
+    c = prev[0] if prev else len(BUILTIN) + len(_custom)
+    _custom[name] = (c, fns[0], fns[1])
+    _kernels.clear()
+
+
+def kernels_for(activation_names):
+    """The kernel namespace that can run these activations."""
+    from . import kernels
+
+    custom = frozenset(n for n in activation_names if n not in CODES)
+    if not custom:
+        return vars(kernels)
+    if custom not in _kernels:
+        _kernels[custom] = kernels.with_activation(_make_dispatch(custom))
+    return _kernels[custom]
+
+
+def _make_dispatch(custom):
+    # Generated source: one branch per custom activation, each a
+    # straight loop over the row, the builtin codes delegated.
+    env = {"builtin": activate_row, "njit": numba.njit}
+    lines = ["def activate(code, buf, zo, do, n, need_d):",
+             f"    if code < {len(BUILTIN)}:",
+             "        builtin(code, buf, zo, do, n, need_d)"]
+    for name in sorted(custom):
+        c, f, df = _custom[name]
+        env[f"f{c}"], env[f"df{c}"] = f, df
+        lines += [f"    elif code == {c}:",
+                  "        for j in range(n):",
+                  "            z = buf[zo + j]",
+                  "            if need_d:",
+                  f"                buf[do + j] = df{c}(z)",
+                  f"            buf[zo + j] = f{c}(z)"]
+    exec("\n".join(lines), env)
+    return numba.njit(env["activate"])

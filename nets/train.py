@@ -1,0 +1,231 @@
+"""Training: `loss_and_grad` and `train`, both on the threaded compiled kernels.
+
+A gradient over a batch is split into contiguous blocks of rows, one per
+thread, each with its own workspace and gradient buffer, summed in thread
+order (see `kernels.loss_grad`): for a given thread count the result does not
+depend on scheduling. Batches smaller than two chunks run on one thread, as a
+parallel launch costs more than it saves there.
+"""
+
+import os
+
+import numba
+import numpy as np
+
+from ._checks import as_float_array, check_finite, check_params
+from .chain import Chain
+from .losses import SquaredLoss, check_loss
+from .optim import LBFGS, Adam, Optimizer
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def default_threads():
+    return numba.config.NUMBA_NUM_THREADS
+
+
+class _Threads:
+    """Context manager: run numba's parallel regions on `n` threads."""
+
+    def __init__(self, n):
+        if n is None:
+            n = default_threads()
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"`threads` must be a positive int or None, got {n!r}")
+        self.n = min(int(n), numba.config.NUMBA_NUM_THREADS)
+
+    def __enter__(self):
+        self.prev = numba.get_num_threads()
+        numba.set_num_threads(self.n)
+        return self.n
+
+    def __exit__(self, *exc):
+        numba.set_num_threads(self.prev)
+
+
+class _Buffers:
+    """Per-thread workspaces and gradient buffers for one (chain, dtype, batch, threads)."""
+
+    def __init__(self, chain, dtype, nt):
+        size = int(chain._kernels["chunk_size"](chain.meta))
+        self.BUF = np.zeros((nt, size), dtype=dtype)
+        # One extra column carries each thread's loss. Rows padded apart so
+        # two threads never write one cache line; G is a view on that storage.
+        width = (chain.n_params + 1 + 15) // 16 * 16
+        self.G = np.zeros((nt, width), dtype=dtype)[:, :chain.n_params + 1]
+        self.g = np.zeros(chain.n_params, dtype=dtype)
+        self.nt = nt
+
+
+def _prepare(chain, p, X, Y, loss):
+    if not isinstance(chain, Chain):
+        raise TypeError(f"`chain` must be a nets.Chain, got {type(chain).__name__}")
+    check_params(p, chain.n_params)
+    loss = check_loss(loss)
+    X = as_float_array("X", X, dtype=p.dtype, ndim=2)
+    if X.shape[1] != chain.n_in or X.shape[0] < 1:
+        raise ValueError(f"`X` must have shape (N, {chain.n_in}) with N >= 1, got {X.shape}")
+    check_finite("X", X)
+    X = np.ascontiguousarray(X)
+    T = loss.targets(Y, X.shape[0], chain.n_out, p.dtype)
+    if not np.all(np.isfinite(p)):
+        raise ValueError("`p` contains NaN or Inf")
+    # The kernels read samples feature-major: transpose once, not per step.
+    return loss, np.ascontiguousarray(X.T), np.ascontiguousarray(T.T)
+
+
+def _scale(loss, n, n_out):
+    if not loss.mean:
+        return 1.0
+    return 1.0 / (n * (n_out if loss.code != 2 else 1))
+
+
+def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None):
+    """Loss of `chain` on (X, Y) and its gradient with respect to `p`.
+
+    Parameters
+    ----------
+    chain : Chain
+    p : ndarray, (n_params,)
+    X : array, (N, n_in)
+    Y : array, (N, n_out) (integer labels (N,) for `LogitCrossEntropyLoss`)
+    loss : Loss
+    threads : int, optional
+        Threads to split the batch over (default: all numba threads).
+
+    Returns
+    -------
+    value : float
+    grad : ndarray, (n_params,), dtype of `p`
+    """
+    loss, XT, TT = _prepare(chain, p, X, Y, loss)
+    k = chain._kernels
+    n = XT.shape[1]
+    with _Threads(threads) as nt:
+        buf = _Buffers(chain, p.dtype, nt)
+        val = k["loss_grad"](chain.meta, p, XT, TT, _NO_ROWS, False, 0, n, loss.code,
+                             _scale(loss, n, chain.n_out), buf.g, buf.G, buf.BUF, nt, True)
+    val += k["penalty"](chain.meta, p, buf.g, loss.l1, loss.l2)
+    return float(val), buf.g
+
+
+def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs=None,
+          batch_size=None, seed=0, threads=None, progress=False, callback=None):
+    """Fit `p` (updated in place) to (X, Y).
+
+    Either ``iters=`` full-batch steps, or ``epochs=`` passes of shuffled
+    minibatches of ``batch_size`` (the last one of an epoch may be smaller).
+
+    Parameters
+    ----------
+    optimizer : Optimizer or LBFGS, default Adam(1e-3)
+        Its state carries over between calls (call ``optimizer.init(p)`` to reset).
+        With `LBFGS`, `iters` defaults to ``optimizer.iters`` and the history
+        is the loss after each L-BFGS iteration.
+    seed : int
+        Seed of the minibatch shuffle.
+    progress : bool
+        Show a progress bar with the loss.
+    callback : callable, optional
+        ``callback(step, p, loss)`` after each block of steps (each epoch, or
+        each 1% of `iters` when `progress` or `callback` is set); return True
+        to stop early.
+
+    Returns
+    -------
+    ndarray
+        Loss per iteration (``iters=``) or per epoch (``epochs=``: summed over
+        the epoch's minibatches, averaged for mean losses); evaluated before
+        each update. Shorter if stopped early (callback or Ctrl-C, which keeps
+        the parameters reached so far).
+    """
+    optimizer = Adam(1e-3) if optimizer is None else optimizer
+    lbfgs = isinstance(optimizer, LBFGS)
+    if lbfgs and epochs is not None:
+        raise ValueError("train: LBFGS is full batch; use `iters` (or LBFGS(iters=)), "
+                         "not `epochs`")
+    if (iters is None) == (epochs is None) and not (lbfgs and iters is None):
+        raise ValueError("train: give exactly one of `iters` (full batch) or `epochs` "
+                         "(minibatches, with `batch_size`)")
+    for name, v in (("iters", iters), ("epochs", epochs)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
+                              or v < 1):
+            raise ValueError(f"train: `{name}` must be a positive int, got {v!r}")
+    loss, XT, TT = _prepare(chain, p, X, Y, loss)
+    n = XT.shape[1]
+    if epochs is not None:
+        if batch_size is None:
+            raise ValueError("train: `epochs` needs `batch_size`")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or not 1 <= batch_size <= n:
+            raise ValueError(f"train: `batch_size` must be an int in 1..{n}, got {batch_size!r}")
+    elif batch_size is not None:
+        raise ValueError("train: `batch_size` goes with `epochs`; `iters` is full batch")
+
+    if lbfgs:
+        return optimizer.minimize(lambda q: loss_and_grad(chain, q, X, Y, loss, threads), p,
+                                  callback=callback, iters=iters)
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"train: `optimizer` must be nets.Adam, AdamW, SGD or LBFGS, "
+                        f"got {optimizer!r}")
+    optimizer._ready(p)
+
+    k = chain._kernels
+    hyper = optimizer.hyper()
+    bar = _bar(progress, epochs if epochs is not None else iters)
+
+    def run(rows, bs, nsteps, hist, buf):
+        optimizer.step = k["train_steps"](
+            chain.meta, p, XT, TT, rows, rows.shape[0] > 0, bs, nsteps, loss.code, loss.mean,
+            loss.l1, loss.l2, optimizer.code, hyper, optimizer.m, optimizer.v, optimizer.step,
+            hist, buf.g, buf.G, buf.BUF, buf.nt)
+
+    out = []
+    try:
+        with _Threads(threads) as nt:
+            if iters is not None:
+                rows = _NO_ROWS
+                buf = _Buffers(chain, p.dtype, nt)
+                block = iters if not (progress or callback) else max(1, iters // 100)
+                done = 0
+                while done < iters:
+                    m = min(block, iters - done)
+                    hist = np.empty(m)
+                    run(rows, n, m, hist, buf)
+                    out.append(hist)
+                    done += m
+                    if _tick(bar, m, hist[-1], callback, done, p):
+                        break
+            else:
+                rng = np.random.default_rng(seed)
+                buf = _Buffers(chain, p.dtype, nt)
+                nsteps = -(-n // batch_size)
+                sizes = np.minimum(batch_size, n - batch_size * np.arange(nsteps))
+                for e in range(epochs):
+                    hist = np.empty(nsteps)
+                    run(rng.permutation(n).astype(np.int64), batch_size, nsteps, hist, buf)
+                    val = hist @ sizes / n if loss.mean else hist.sum()
+                    out.append(np.array([val]))
+                    if _tick(bar, 1, val, callback, e + 1, p):
+                        break
+    except KeyboardInterrupt:
+        pass  # keep what was reached; `p` is already updated in place
+    finally:
+        if bar is not None:
+            bar.close()
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def _bar(progress, total):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=os.environ.get("NETS_NO_PROGRESS") == "1")
+
+
+def _tick(bar, n, val, callback, step, p):
+    if bar is not None:
+        bar.update(n)
+        bar.set_postfix(loss=f"{val:.4g}")
+    return callback is not None and callback(step, p, val) is True

@@ -1,0 +1,52 @@
+"""Shared fixtures for the test suite.
+
+Randomness is seeded (`np.random.default_rng`); hypothesis runs derandomized
+with a modest number of examples (profile "ci"; `HYPOTHESIS_PROFILE=explore`
+for a longer randomized search).
+"""
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # pragma: no cover
+    settings = None
+
+if settings is not None:
+    settings.register_profile(
+        "ci", deadline=None, derandomize=True, max_examples=20, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
+    settings.register_profile(
+        "explore", deadline=None, max_examples=300,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded from the test's name: reproducible, distinct per test."""
+    seed = zlib.crc32(request.node.nodeid.encode())
+    return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def cube_activation():
+    """Registers the custom activation "cube" (z^3) once per session; returns its reference."""
+    import numba
+
+    import nets
+
+    @numba.njit
+    def cube(z):
+        return z * z * z
+
+    @numba.njit
+    def dcube(z):
+        return 3 * z * z
+
+    nets.register_activation("cube", cube, dcube)
+    return {"cube": (lambda z: z**3, lambda z: 3 * z**2)}
