@@ -99,8 +99,8 @@ def test_jacobian_into_buffers(chain):
     with pytest.raises(TypeError, match="`J` must have dtype float64"):
         chain.jacobian_into(np.empty((2, 3), np.float32), np.zeros(3), p, ws)
     wide = Chain(nets.kernels.B + 1, Dense(1))
-    with pytest.raises(ValueError, match="at most 128 inputs"):
-        wide.jacobian_into(np.empty((1, 129)), np.zeros(129), wide.init_params(),
+    with pytest.raises(ValueError, match=f"at most {nets.kernels.B} inputs"):
+        wide.jacobian_into(np.empty((1, nets.kernels.B + 1)), np.zeros(nets.kernels.B + 1), wide.init_params(),
                            wide.workspace())
 
 

@@ -6,12 +6,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nets import Chain, Dense
+from nets import kernels as K
 from nets.activations import BUILTIN
 
 from . import reference as ref
 
-# Sample counts around the kernels' chunk width (nets.kernels.B == 128).
-BATCHES = (1, 3, 127, 128, 129, 300)
+# Sample counts around the kernels' chunk width.
+B = K.B
+BATCHES = (1, 3, B - 1, B, B + 1, 2 * B + 44)
 DTYPES = (np.float64, np.float32)
 # float32 tanh is a rational approximation; float32 sums over up to 40 terms.
 TOL = {np.float64: dict(rtol=1e-11, atol=1e-11), np.float32: dict(rtol=1e-5, atol=1e-5)}
@@ -64,7 +66,7 @@ def test_forward_chunk_edges(n, dtype, rng):
 def test_forward_each_activation(act, dtype, rng):
     chain = Chain(6, Dense(9, act), Dense(4, act), Dense(2, act, bias=False))
     p = ref.random_params(chain, rng, dtype)
-    X = (2.0 * rng.normal(size=(129, 6))).astype(dtype)
+    X = (2.0 * rng.normal(size=(B + 1, 6))).astype(dtype)
     check_forward(chain, p, X, dtype)
 
 
@@ -117,7 +119,7 @@ def test_workspace_reuse_across_batch_sizes(rng):
     chain = ref.random_chain(rng, n_in=4, widths=[17, 2])
     p = ref.random_params(chain, rng)
     ws = chain.workspace(batch=1)
-    for n in (300, 1, 129, 3):
+    for n in (2 * B + 44, 1, B + 1, 3):
         X = rng.normal(size=(n, 4))
         Y = np.empty((n, 2))
         chain.forward_into(Y, X, p, ws)

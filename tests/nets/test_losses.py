@@ -56,7 +56,7 @@ def test_loss_and_grad(loss, rng):
     np.testing.assert_allclose(grad, fd, rtol=1e-6, atol=1e-6 * max(1, np.abs(fd).max()))
 
 
-@pytest.mark.parametrize("n", [1, 127, 129, 300])
+@pytest.mark.parametrize("n", [1, nets.kernels.B - 1, nets.kernels.B + 1, 2 * nets.kernels.B + 44])
 def test_mean_loss_scales_with_batch(n, rng):
     chain, p, X, Y = problem(rng, n=n)
     v_sum, g_sum = nets.loss_and_grad(chain, p, X, Y, loss=nets.SquaredLoss())

@@ -15,7 +15,7 @@ from . import reference as ref
 pytestmark = pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2,
                                 reason="needs NUMBA_NUM_THREADS >= 2")
 
-N = 2000  # ~8 chunks of 128 per thread with two threads
+N = 8 * nets.kernels.B + 37  # about four chunks per thread with two threads
 
 
 def record_nt(chain):
@@ -60,7 +60,7 @@ def test_logit_cross_entropy_threads(rng):
     np.testing.assert_allclose(g2, g1, rtol=1e-12, atol=1e-12 * np.abs(g1).max())
 
 
-@pytest.mark.parametrize("n", [N, 2 * 128 + 1, 1337])
+@pytest.mark.parametrize("n", [N, 2 * nets.kernels.B + 1, 3 * nets.kernels.B - 5])
 def test_threaded_result_is_bitwise_reproducible(n, rng):
     chain = Chain(3, Dense(16, "tanh"), Dense(2))
     p = ref.random_params(chain, rng)
