@@ -98,10 +98,10 @@ def test_jacobian_into_buffers(chain):
         chain.jacobian_into(np.empty((2, 3)), np.zeros((5, 3)), p, ws)
     with pytest.raises(TypeError, match="`J` must have dtype float64"):
         chain.jacobian_into(np.empty((2, 3), np.float32), np.zeros(3), p, ws)
-    wide = Chain(nets.kernels.B + 1, Dense(1))
-    with pytest.raises(ValueError, match=f"at most {nets.kernels.B} inputs"):
-        wide.jacobian_into(np.empty((1, nets.kernels.B + 1)), np.zeros(nets.kernels.B + 1), wide.init_params(),
-                           wide.workspace())
+    n = nets.kernels.B + 1
+    wide = Chain(n, Dense(1))
+    with pytest.raises(ValueError, match=f"at most {n - 1} inputs"):
+        wide.jacobian_into(np.empty((1, n)), np.zeros(n), wide.init_params(), wide.workspace())
 
 
 def test_workspace_from_another_chain(chain):
