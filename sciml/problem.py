@@ -1,0 +1,176 @@
+"""Problems: a model, initial state, time span, parameters and doses.
+
+Doses are settings objects; `dose_arrays` turns a list of them into the flat,
+sorted arrays the compiled loops read. A state is right-continuous at a
+bolus: the solution at the bolus time is the post-dose value.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def _number(cls, name, v, positive=False, nonneg=False):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(v):
+        raise ValueError(f"{cls}: `{name}` must be a finite number, got {v!r}")
+    if positive and v <= 0:
+        raise ValueError(f"{cls}: `{name}` must be > 0, got {v!r}")
+    if nonneg and v < 0:
+        raise ValueError(f"{cls}: `{name}` must be >= 0, got {v!r}")
+    return float(v)
+
+
+def _repeat(cls, every, count):
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise ValueError(f"{cls}: `count` must be a positive int, got {count!r}")
+    if count > 1 and every is None:
+        raise ValueError(f"{cls}: `count={count}` needs `every` (the dosing interval)")
+    return 0.0 if every is None else _number(cls, "every", every, positive=True)
+
+
+@dataclass(frozen=True)
+class Bolus:
+    """An instantaneous dose: `state` jumps by `amount` at `time`.
+
+    ``every`` and ``count`` repeat it: doses at ``time + k*every`` for
+    ``k = 0 .. count-1`` (e.g. ``Bolus(0.0, 100.0, "depot", every=12.0, count=20)``).
+    """
+
+    time: float
+    amount: float
+    state: str
+    every: float | None = None
+    count: int = 1
+
+    def __post_init__(self):
+        _number("Bolus", "time", self.time)
+        _number("Bolus", "amount", self.amount)
+        _repeat("Bolus", self.every, self.count)
+
+    def times(self):
+        return self.time + (self.every or 0.0) * np.arange(self.count)
+
+
+@dataclass(frozen=True)
+class Infusion:
+    """A zero-order input: `rate` is added to d(state)/dt on [start, start + duration).
+
+    ``every`` and ``count`` repeat it as for `Bolus`.
+    """
+
+    start: float
+    duration: float
+    rate: float
+    state: str
+    every: float | None = None
+    count: int = 1
+
+    def __post_init__(self):
+        _number("Infusion", "start", self.start)
+        _number("Infusion", "duration", self.duration, positive=True)
+        _number("Infusion", "rate", self.rate)
+        _repeat("Infusion", self.every, self.count)
+        if self.every is not None and self.count > 1 and self.every < self.duration:
+            raise ValueError(f"Infusion: `every` ({self.every}) is shorter than `duration` "
+                             f"({self.duration}); overlapping infusions of one regimen")
+
+    def times(self):
+        return self.start + (self.every or 0.0) * np.arange(self.count)
+
+
+@dataclass
+class DoseArrays:
+    """Doses as the compiled loops read them (float64 / int64, sorted by time).
+
+    bolus_t, bolus_i, bolus_a: time, state index, amount of each bolus.
+    inf_t0, inf_t1, inf_i, inf_rate: start, end, state index, rate of each infusion.
+    tstops: every time the integrator must land on exactly (bolus times and
+    infusion boundaries), sorted and unique.
+    """
+
+    bolus_t: np.ndarray
+    bolus_i: np.ndarray
+    bolus_a: np.ndarray
+    inf_t0: np.ndarray
+    inf_t1: np.ndarray
+    inf_i: np.ndarray
+    inf_rate: np.ndarray
+    tstops: np.ndarray
+
+
+def dose_arrays(doses, states, tstops=()):
+    """Flatten `doses` (Bolus / Infusion objects) for a model with these state names."""
+    index = {s: i for i, s in enumerate(states)}
+    bt, bi, ba, it0, it1, ii, ir = [], [], [], [], [], [], []
+    for k, d in enumerate(doses):
+        if not isinstance(d, (Bolus, Infusion)):
+            raise TypeError(f"`doses[{k}]` must be a sciml.Bolus or sciml.Infusion, got {d!r}")
+        if d.state not in index:
+            raise ValueError(f"`doses[{k}]` targets unknown state {d.state!r}; "
+                             f"states: {', '.join(states)}")
+        for t in d.times():
+            if isinstance(d, Bolus):
+                bt.append(t), bi.append(index[d.state]), ba.append(d.amount)
+            else:
+                it0.append(t), it1.append(t + d.duration), ii.append(index[d.state])
+                ir.append(d.rate)
+    ob = np.argsort(bt, kind="stable")
+    oi = np.argsort(it0, kind="stable")
+    f64 = lambda a, o: np.asarray(a, dtype=np.float64)[o]  # noqa: E731
+    i64 = lambda a, o: np.asarray(a, dtype=np.int64)[o]  # noqa: E731
+    stops = np.unique(np.concatenate([np.asarray(bt, float), np.asarray(it0, float),
+                                      np.asarray(it1, float), np.asarray(tstops, float)]))
+    return DoseArrays(f64(bt, ob), i64(bi, ob), f64(ba, ob), f64(it0, oi), f64(it1, oi),
+                      i64(ii, oi), f64(ir, oi), stops)
+
+
+class ODEProblem:
+    """An initial value problem for a compiled model.
+
+    Parameters
+    ----------
+    model : sciml.Model
+    u0 : array_like, (n_states,)
+    tspan : (t0, tf), t0 < tf
+    params : ndarray, (model.n_params,)
+        The flat parameter vector (mechanistic first, then each network's).
+    doses : sequence of Bolus / Infusion, optional
+    tstops : sequence of float, optional
+        Extra times the integrator must land on exactly.
+    """
+
+    def __init__(self, model, u0, tspan, params, doses=(), tstops=()):
+        self.model = model
+        u0 = np.asarray(u0, dtype=np.float64)
+        if u0.shape != (model.n_states,):
+            raise ValueError(f"ODEProblem: `u0` must have shape ({model.n_states},) for states "
+                             f"{', '.join(model.states)}; got {u0.shape}")
+        if not np.all(np.isfinite(u0)):
+            raise ValueError("ODEProblem: `u0` contains NaN or Inf")
+        try:
+            t0, tf = (float(v) for v in tspan)
+        except (TypeError, ValueError):
+            raise ValueError(f"ODEProblem: `tspan` must be (t0, tf), got {tspan!r}") from None
+        if not (np.isfinite(t0) and np.isfinite(tf) and t0 < tf):
+            raise ValueError(f"ODEProblem: `tspan` must satisfy t0 < tf (finite), got {tspan!r}")
+        params = np.asarray(params, dtype=np.float64)
+        if params.shape != (model.n_params,):
+            raise ValueError(f"ODEProblem: `params` must have length {model.n_params} "
+                             f"(model.n_params), got shape {params.shape}")
+        if not np.all(np.isfinite(params)):
+            raise ValueError("ODEProblem: `params` contains NaN or Inf")
+        self.u0, self.tspan, self.params = u0, (t0, tf), params
+        self.doses = tuple(doses)
+        self.dose_arrays = dose_arrays(self.doses, model.states, tstops)
+
+    def remake(self, u0=None, tspan=None, params=None, doses=None):
+        """A copy with some fields replaced (the model is shared)."""
+        return ODEProblem(self.model, self.u0 if u0 is None else u0,
+                          self.tspan if tspan is None else tspan,
+                          self.params if params is None else params,
+                          self.doses if doses is None else doses)
+
+    def __repr__(self):
+        return (f"ODEProblem({type(self.model).__name__}, u0={self.u0.tolist()}, "
+                f"tspan={self.tspan}, {len(self.doses)} dose(s))")
