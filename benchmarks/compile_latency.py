@@ -40,7 +40,7 @@ def first_gradient_seconds(code, cache):
 def main(argv=None):
     args = H.make_parser(__doc__.splitlines()[0]).parse_args(argv)
     rows = []
-    print(f"{'case':8s} {'cold cache':>11s} {'warm cache':>11s}   (fresh process, imports included)")
+    print(f"{'case':8s} {'cold cache':>11s} {'warm cache':>11s}  (fresh process, with imports)")
     for name, code in CASES.items():
         with tempfile.TemporaryDirectory() as cache:
             cold = first_gradient_seconds(code, cache)

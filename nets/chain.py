@@ -29,7 +29,10 @@ class Workspace:
         self.chain = chain
         self.dtype = np.dtype(dtype)
         self.batch = int(batch)
-        self.buf = np.zeros(int(chain._kernels["chunk_size"](chain.meta)), dtype=self.dtype)
+        k = chain._kernels
+        self.buf = np.zeros(int(k["chunk_size"](chain.meta)), dtype=self.dtype)
+        # One sample (1-D x) runs the matrix-vector kernels on this small scratch.
+        self.buf1 = np.zeros(int(k["sample_size"](chain.meta)), dtype=self.dtype)
 
 
 class Chain:
@@ -142,7 +145,10 @@ class Chain:
         Y = self._rows("y", y, self.n_out, ws.dtype)
         if Y.shape[0] != X.shape[0]:
             raise ValueError(f"`y` has {Y.shape[0]} rows but `x` has {X.shape[0]}")
-        self._kernels["forward"](self.meta, p, X, Y, ws.buf)
+        if x.ndim == 1 and y.ndim == 1:
+            self._kernels["forward1"](self.meta, p, x, y, ws.buf1)
+        else:
+            self._kernels["forward"](self.meta, p, X, Y, ws.buf)
 
     def vjp_into(self, xbar, pbar, v, x, p, ws):
         """Vector-Jacobian product at `x` with cotangent `v` (shaped like the output).
@@ -158,7 +164,10 @@ class Chain:
             raise ValueError(f"`v`, `xbar` and `x` must have the same number of rows, "
                              f"got {V.shape[0]}, {Xb.shape[0]}, {X.shape[0]}")
         check_out("pbar", pbar, (self.n_params,), ws.dtype)
-        self._kernels["vjp"](self.meta, p, X, V, Xb, pbar, ws.buf)
+        if x.ndim == 1 and v.ndim == 1 and xbar.ndim == 1:
+            self._kernels["vjp1"](self.meta, p, x, v, xbar, pbar, ws.buf1)
+        else:
+            self._kernels["vjp"](self.meta, p, X, V, Xb, pbar, ws.buf)
 
     def jacobian_into(self, J, x, p, ws):
         """Write dy/dx into `J`: (out, in) for one sample, (N, out, in) for a batch."""
@@ -166,6 +175,9 @@ class Chain:
         X = self._rows("x", x, self.n_in, ws.dtype)
         shape = (self.n_out, self.n_in) if x.ndim == 1 else (X.shape[0], self.n_out, self.n_in)
         check_out("J", J, shape, ws.dtype)
+        if x.ndim == 1:
+            self._kernels["jacobian1"](self.meta, p, x, J, ws.buf1)
+            return
         if self.n_in > self._kernels["B"]:
             raise ValueError(f"jacobian_into supports at most {self._kernels['B']} inputs, "
                              f"the chain has {self.n_in}")

@@ -412,6 +412,145 @@ def jacobian(meta, p, X, J, buf):
                 J[n, o, j] = buf[ta + o * B + j]
 
 
+# ----------------------------------------------------------- one sample
+#
+# Inside an ODE right-hand side a network sees one sample at a time. These
+# kernels use a plain matrix-vector layout (no chunk stride, a scratch of a
+# few hundred numbers): [x (n_in) | per layer: value, derivative (n_out each)
+# | two cotangent rows (width_max each) | two tangent blocks (width_max*n_in
+# each, for `jacobian1`)].
+
+
+@jit
+def sample_size(meta):
+    """Length of the scratch vector of the one-sample kernels."""
+    n_in = meta[0, IN]
+    n = n_in
+    w = n_in
+    for l in range(meta.shape[0]):
+        n += 2 * meta[l, OUT]
+        w = max(w, meta[l, OUT])
+    return n + 2 * w + 2 * w * n_in
+
+
+@jit(inline="always")
+def _sample_offsets(meta):
+    n = meta[0, IN]
+    w = meta[0, IN]
+    for l in range(meta.shape[0]):
+        n += 2 * meta[l, OUT]
+        w = max(w, meta[l, OUT])
+    return n, w
+
+
+@jit
+def _forward1_layers(meta, p, buf, need_d):
+    # The sample is in buf[0:n_in]; returns the offset of the output.
+    zero = p.dtype.type(0.0)
+    xo = 0
+    off = meta[0, IN]
+    for l in range(meta.shape[0]):
+        nin = meta[l, IN]
+        nout = meta[l, OUT]
+        woff = meta[l, WOFF]
+        boff = meta[l, BOFF]
+        for o in range(nout):
+            acc = p[boff + o] if boff >= 0 else zero
+            for i in range(nin):
+                acc += p[woff + o * nin + i] * buf[xo + i]
+            buf[off + o] = acc
+        _activate(meta[l, ACT], buf, off, off + nout, nout, need_d)
+        xo = off
+        off += 2 * nout
+    return xo
+
+
+@jit
+def forward1(meta, p, x, y, buf):
+    """y = chain(x) for one sample (x, y 1-D); buf of length `sample_size`."""
+    for i in range(meta[0, IN]):
+        buf[i] = x[i]
+    yo = _forward1_layers(meta, p, buf, False)
+    for o in range(meta[-1, OUT]):
+        y[o] = buf[yo + o]
+
+
+@jit
+def vjp1(meta, p, x, v, xbar, pbar, buf):
+    """One sample: xbar = v^T dy/dx (written), pbar += v^T dy/dp."""
+    for i in range(meta[0, IN]):
+        buf[i] = x[i]
+    _forward1_layers(meta, p, buf, True)
+    off, w = _sample_offsets(meta)
+    go = off
+    gi = off + w
+    for o in range(meta[-1, OUT]):
+        buf[go + o] = v[o]
+    for l in range(meta.shape[0] - 1, -1, -1):
+        nin = meta[l, IN]
+        nout = meta[l, OUT]
+        woff = meta[l, WOFF]
+        boff = meta[l, BOFF]
+        off -= 2 * nout
+        do = off + nout
+        xo = off - 2 * nin if l > 0 else 0
+        for o in range(nout):
+            dz = buf[go + o] * buf[do + o]
+            buf[go + o] = dz
+            if boff >= 0:
+                pbar[boff + o] += dz
+            for i in range(nin):
+                pbar[woff + o * nin + i] += dz * buf[xo + i]
+        for i in range(nin):
+            buf[gi + i] = 0.0
+        for o in range(nout):
+            dz = buf[go + o]
+            for i in range(nin):
+                buf[gi + i] += p[woff + o * nin + i] * dz
+        go, gi = gi, go
+    for i in range(meta[0, IN]):
+        xbar[i] = buf[go + i]
+
+
+@jit
+def jacobian1(meta, p, x, J, buf):
+    """One sample: J = dy/dx, shape (n_out, n_in), by forward mode."""
+    n0 = meta[0, IN]
+    for i in range(n0):
+        buf[i] = x[i]
+    _forward1_layers(meta, p, buf, True)
+    off, w = _sample_offsets(meta)
+    ta = off + 2 * w
+    tb = ta + w * n0
+    for i in range(n0):
+        for j in range(n0):
+            buf[ta + i * n0 + j] = 1.0 if i == j else 0.0
+    off = n0
+    for l in range(meta.shape[0]):
+        nin = meta[l, IN]
+        nout = meta[l, OUT]
+        woff = meta[l, WOFF]
+        do = off + nout
+        # Row o of the new tangent block: d[o] * sum_i W[o, i] * (row i of the old one).
+        for o in range(nout):
+            row = buf[tb + o * n0: tb + (o + 1) * n0]
+            for j in range(n0):
+                row[j] = 0.0
+            for i in range(nin):
+                wv = p[woff + o * nin + i]
+                src = buf[ta + i * n0: ta + (i + 1) * n0]
+                for j in range(n0):
+                    row[j] += wv * src[j]
+            s = buf[do + o]
+            for j in range(n0):
+                row[j] *= s
+        off = do + nout
+        ta, tb = tb, ta
+    for o in range(meta[-1, OUT]):
+        for j in range(n0):
+            J[o, j] = buf[ta + o * n0 + j]
+
+
 # ------------------------------------------------------------------ losses
 
 SQUARED, ABSOLUTE, LOGITCE = 0, 1, 2
@@ -629,5 +768,6 @@ def with_activation(activate):
     return ns
 
 
-__all__ = ["chunk_size", "forward", "vjp", "jacobian", "loss_grad", "train_steps",
+__all__ = ["chunk_size", "forward", "vjp", "jacobian", "sample_size", "forward1", "vjp1",
+           "jacobian1", "loss_grad", "train_steps",
            "optimizer_step", "penalty", "forward_layers", "backward_layers", "np"]

@@ -108,10 +108,12 @@ def test_chain_kernels(n, setup):
     v = np.ones_like(y)
     xbar, pbar = np.empty_like(x), np.zeros(chain.n_params)
     J = np.empty(x.shape[:-1] + (3, 5))
-    rec = Recorder(chain, "forward", "vjp", "jacobian")
-    calls = {"forward": lambda: chain.forward_into(y, x, p, ws),
-             "vjp": lambda: chain.vjp_into(xbar, pbar, v, x, p, ws),
-             "jacobian": lambda: chain.jacobian_into(J, x, p, ws)}
+    # One sample (1-D x) runs the matrix-vector kernels, a batch the chunked ones.
+    suffix = "1" if n is None else ""
+    rec = Recorder(chain, *(k + suffix for k in ("forward", "vjp", "jacobian")))
+    calls = {"forward" + suffix: lambda: chain.forward_into(y, x, p, ws),
+             "vjp" + suffix: lambda: chain.vjp_into(xbar, pbar, v, x, p, ws),
+             "jacobian" + suffix: lambda: chain.jacobian_into(J, x, p, ws)}
     for name, call in calls.items():
         call()  # warm-up: compiles or loads the kernel
         a0 = allocs()

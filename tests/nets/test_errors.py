@@ -101,7 +101,8 @@ def test_jacobian_into_buffers(chain):
     n = nets.kernels.B + 1
     wide = Chain(n, Dense(1))
     with pytest.raises(ValueError, match=f"at most {n - 1} inputs"):
-        wide.jacobian_into(np.empty((1, n)), np.zeros(n), wide.init_params(), wide.workspace())
+        wide.jacobian_into(np.empty((1, 1, n)), np.zeros((1, n)), wide.init_params(),
+                           wide.workspace())
 
 
 def test_workspace_from_another_chain(chain):

@@ -1,0 +1,507 @@
+"""`Model`: an ODE right-hand side traced once and compiled into derivative kernels.
+
+A model owns a generated module (see `sciml._codegen`) holding, with the
+contract's names and signatures (float64, ``ws`` = the model's workspace of
+length ``WS_SIZE``; nothing allocates):
+
+- ``rhs_into(du, u, p, t, ws)``: du = f(u, p, t);
+- ``jac_into(J, u, p, t, ws)``: J = df/du, (n_states, n_states);
+- ``vjp_into(ubar, pbar, lam, u, p, t, ws)``: ubar = lam^T df/du (written),
+  pbar += lam^T df/dp over the whole flat parameter vector;
+- ``paramjac_into(Jp, u, p, t, ws)``: Jp = df/dp, (n_states, n_params);
+- ``obs_into(y, u, p, t, ws)`` and ``obs_vjp_into(ubar, pbar, ybar, u, p, t, ws)``
+  for the observables;
+- the constants ``N_STATES, N_PARAMS, N_OBS, WS_SIZE``;
+
+followed by the solver loops of `sciml.solvers.TEMPLATES`, which call them.
+"""
+
+import functools
+import hashlib
+import importlib
+import threading
+from pathlib import Path
+
+import numba
+import numpy as np
+
+import nets as _nets
+from nets import Chain
+from nets import kernels as _nk
+from nets import registry as _registry
+
+from . import _kernelgen as kg
+from ._codegen import build_module, template_source
+from ._trace import ModelError, check_names, trace_model, trace_observable
+
+__all__ = ["Model", "NeuralODE", "ModelError", "ParamViews"]
+
+
+@functools.lru_cache(maxsize=1)
+def _nets_fingerprint():
+    # Generated kernels link the nets kernels into their cached machine code;
+    # naming the nets source in the generated text makes a change there a new module.
+    root = Path(_nets.__file__).parent
+    h = hashlib.sha256()
+    for name in ("kernels.py", "activations.py", "_config.py"):
+        h.update((root / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _templates():
+    from .solvers import TEMPLATES
+
+    return [template_source(m) for m in TEMPLATES]
+
+
+class ParamViews:
+    """Named views of a flat parameter vector (from `Model.unpack`).
+
+    Mechanistic parameters read as floats and can be assigned
+    (``v.alpha = 1.5`` writes the vector); each network's parameters are a
+    1-D view (``v.U``). ``v.theta`` is the whole vector.
+    """
+
+    def __init__(self, theta, slices, mech):
+        object.__setattr__(self, "theta", theta)
+        object.__setattr__(self, "_slices", slices)
+        object.__setattr__(self, "_mech", mech)
+
+    def __getattr__(self, name):
+        slices = self.__dict__["_slices"]
+        if name not in slices:
+            raise AttributeError(f"no parameter or net named {name!r}; known: "
+                                 f"{', '.join(slices)}")
+        s = slices[name]
+        return float(self.theta[s.start]) if name in self._mech else self.theta[s]
+
+    __getitem__ = __getattr__
+
+    def __setattr__(self, name, value):
+        if name not in self._slices:
+            raise AttributeError(f"no parameter or net named {name!r}; known: "
+                                 f"{', '.join(self._slices)}")
+        self.theta[self._slices[name]] = value
+
+    __setitem__ = __setattr__
+
+    def __dir__(self):
+        return list(self._slices)
+
+    def __repr__(self):
+        parts = [f"{k}={self.theta[s.start]:.6g}" if k in self._mech
+                 else f"{k}=<{s.stop - s.start} params>" for k, s in self._slices.items()]
+        return f"ParamViews({', '.join(parts)})"
+
+
+def _check_nets(nets):
+    if nets is None:
+        return {}
+    if not isinstance(nets, dict):
+        raise TypeError(f"`nets` must be a dict of name -> nets.Chain, got {type(nets).__name__}")
+    check_names("nets", list(nets))
+    for name, chain in nets.items():
+        if not isinstance(chain, Chain):
+            raise TypeError(f"`nets[{name!r}]` must be a nets.Chain, got {type(chain).__name__}")
+        custom = [l.activation for l in chain.layers if not _registry.is_builtin(l.activation)]
+        if custom:
+            raise ValueError(f"`nets[{name!r}]` uses custom activation(s) {custom}: models "
+                             "support the builtin activations only (custom activations "
+                             "cannot be cached on disk)")
+        if chain.n_in > _nk.B:
+            raise ValueError(f"`nets[{name!r}]` has {chain.n_in} inputs; at most {_nk.B} "
+                             "are supported")
+    return dict(nets)
+
+
+def _check_observables(observables):
+    if observables is None:
+        return {}
+    if not isinstance(observables, dict):
+        raise TypeError("`observables` must be a dict of name -> function g(u, p), got "
+                        f"{type(observables).__name__}")
+    check_names("observables", list(observables))
+    return dict(observables)
+
+
+def _distinct(**groups):
+    seen = {}
+    for kind, names in groups.items():
+        for n in names:
+            if n in seen:
+                raise ValueError(f"{n!r} is both in `{seen[n]}` and in `{kind}`; names must "
+                                 "be distinct")
+            seen[n] = kind
+
+
+def _vector(name, x, n):
+    a = np.ascontiguousarray(x, dtype=np.float64)
+    if a.shape != (n,):
+        raise ValueError(f"`{name}` must have shape ({n},), got {a.shape}")
+    return a
+
+
+class Model:
+    """An ODE model ``du/dt = f(u, p, t)`` with embedded networks, compiled to kernels.
+
+    Parameters
+    ----------
+    f : callable
+        ``f(u, p, t, nets)`` (or ``f(u, p, t)`` without networks) returning the
+        list of derivatives, one per state. Inside, ``u`` and ``p`` are read by
+        name (``u.central``, ``p.ka``), by position (``u[0]``) or by unpacking
+        (``x, y = u``); ``nets.U(xs)`` evaluates network ``U`` on a list of
+        inputs and returns its outputs. Use arithmetic and numpy functions
+        (``np.exp``, ``np.where(cond, a, b)`` for piecewise terms, ...); the
+        function runs once, on symbols, so it must not branch on values.
+    states : sequence of str
+        State names, in the order of ``u``.
+    params : sequence of str
+        Mechanistic parameter names, first in the flat parameter vector.
+    nets : dict of str -> nets.Chain, optional
+        Embedded networks; their parameters follow the mechanistic ones in the
+        flat vector, in this order.
+    observables : dict of str -> callable, optional
+        ``g(u, p)`` or ``g(u, p, t)``, each returning one value (no networks).
+
+    Raises
+    ------
+    ModelError
+        If the function cannot be traced; the message names the place in it.
+
+    Examples
+    --------
+    >>> def lotka_volterra(u, p, t, nets):
+    ...     x, y = u
+    ...     z = nets.U(u)
+    ...     return [p.alpha * x + z[0], -p.delta * y + z[1]]
+    >>> from nets import Chain, Dense
+    >>> U = Chain(2, Dense(5, "rbf"), Dense(2))
+    >>> model = Model(lotka_volterra, ["x", "y"], ["alpha", "delta"], nets={"U": U})
+    >>> theta = model.init_params(seed=0, alpha=1.3, delta=1.8)
+    """
+
+    def __init__(self, f, states, params, nets=None, observables=None):
+        states, params, nets, observables = self._check(states, params, nets, observables)
+        trace = trace_model(f, states, params, nets)
+        obs = [trace_observable(k, g, states, params) for k, g in observables.items()]
+        specs, n_params = self._net_specs(nets, len(params))
+        gen = kg.ModelKernels(trace, specs, n_params, obs)
+        name = getattr(f, "__name__", type(f).__name__)
+        source = kg.assemble(f"Model `{name}`", self._provenance(name), gen.kernels(),
+                             _templates())
+        self._finish(name, states, params, nets, tuple(observables), n_params, gen.ws_size,
+                     source)
+
+    # ------------------------------------------------------------ building
+
+    @staticmethod
+    def _check(states, params, nets, observables):
+        states = check_names("states", states)
+        if not states:
+            raise ValueError("`states` must name at least one state")
+        params = check_names("params", params)
+        nets = _check_nets(nets)
+        observables = _check_observables(observables)
+        _distinct(states=states, params=params, nets=list(nets))
+        return states, params, nets, observables
+
+    @staticmethod
+    def _net_specs(nets, n_mech):
+        specs, off = {}, n_mech
+        for name, chain in nets.items():
+            specs[name] = kg.NetSpec(name, chain.meta, off, chain.n_params, chain.n_in,
+                                     chain.n_out, int(_nk.sample_size(chain.meta)))
+            off += chain.n_params
+        return specs, off
+
+    @staticmethod
+    def _provenance(name):
+        return [f"model: {name}", f"nets kernels: {_nets_fingerprint()}",
+                f"numba {numba.__version__}"]
+
+    def _finish(self, name, states, params, nets, obs_names, n_params, ws_size, source):
+        self._name = name
+        self._states, self._params = states, params
+        self._nets = nets
+        self._obs_names = obs_names
+        self._n_params = n_params
+        self._source = source
+        self._module = build_module(source)
+        self._ws_size = int(self._module.WS_SIZE)
+        assert self._ws_size == ws_size and self._module.N_PARAMS == n_params
+        slices, off = {}, 0
+        for p in params:
+            slices[p] = slice(off, off + 1)
+            off += 1
+        for k, chain in nets.items():
+            slices[k] = slice(off, off + chain.n_params)
+            off += chain.n_params
+        self._slices = slices
+        self._local = threading.local()  # the Python helpers' workspace, one per thread
+
+    @classmethod
+    def from_kernels(cls, rhs_into, vjp_into, states, params, jac_into=None,
+                     paramjac_into=None, observables=None, ws_size=0, autonomous=False,
+                     name=None):
+        """A model from hand-written numba kernels (the escape hatch).
+
+        For right-hand sides tracing cannot express (large discretised PDEs,
+        table look-ups). Each kernel must be a module-level ``numba.njit``
+        function of an importable module (not ``__main__``), with the
+        contract's signature: ``rhs_into(du, u, p, t, ws)``,
+        ``vjp_into(ubar, pbar, lam, u, p, t, ws)`` (ubar written, pbar added
+        to), optionally ``jac_into(J, u, p, t, ws)`` and
+        ``paramjac_into(Jp, u, p, t, ws)``; missing ones are computed from
+        `vjp_into`, one reverse pass per state. Use ``cache=True`` on them
+        so that a second process compiles nothing.
+
+        Parameters
+        ----------
+        states, params : sequence of str
+            Names; the flat parameter vector has ``len(params)`` entries.
+        observables : dict of str -> callable, optional
+            Traced as in `Model`.
+        ws_size : int
+            Scratch the kernels need: they get ``ws[:ws_size]``.
+        autonomous : bool
+            True if f does not depend on t (lets stiff solvers skip df/dt).
+        name : str, optional
+            For messages and the generated module's title.
+        """
+        states, params, _, observables = cls._check(states, params, None, observables)
+        if isinstance(ws_size, bool) or not isinstance(ws_size, (int, np.integer)) \
+                or ws_size < 0:
+            raise ValueError(f"from_kernels: `ws_size` must be an int >= 0, got {ws_size!r}")
+        given = {"rhs_into": rhs_into, "vjp_into": vjp_into, "jac_into": jac_into,
+                 "paramjac_into": paramjac_into}
+        imports, provenance = [], []
+        for kname, fn in given.items():
+            if fn is None:
+                continue
+            mod, fname = _importable_kernel(kname, fn)
+            imports.append(f"from {mod.__name__} import {fname} as {kname}\n")
+            provenance.append(f"{kname}: {mod.__name__}.{fname} "
+                              f"{hashlib.sha256(Path(mod.__file__).read_bytes()).hexdigest()[:16]}")
+        n, n_params = len(states), len(params)
+        jac, pjac, extra = kg.from_vjp_kernels(n, n_params, int(ws_size))
+        u, p = kg._symbols("u", n), kg._symbols("p", n_params)
+        obs = [trace_observable(k, g, states, params) for k, g in observables.items()]
+        total = int(ws_size) + extra
+        parts = [kg.model_constants(n, n_params, len(obs), total, autonomous)]
+        parts += [jac] if jac_into is None else []
+        parts += [pjac] if paramjac_into is None else []
+        parts += kg.observable_kernels(obs, u, p)
+        name = name or getattr(rhs_into, "__name__", "kernels")
+        source = kg.assemble(f"Model `{name}` from kernels", cls._provenance(name) + provenance,
+                             "\n\n".join(parts), _templates(), imports="".join(imports))
+        self = cls.__new__(cls)
+        self._finish(name, states, params, {}, tuple(observables), n_params, total, source)
+        return self
+
+    # ---------------------------------------------------------- properties
+
+    @property
+    def states(self):
+        """State names, in the order of ``u`` (tuple of str)."""
+        return self._states
+
+    @property
+    def params(self):
+        """Mechanistic parameter names (tuple of str); networks follow them in the vector."""
+        return self._params
+
+    @property
+    def nets(self):
+        """The embedded networks (dict of name -> nets.Chain)."""
+        return dict(self._nets)
+
+    @property
+    def n_states(self):
+        return len(self._states)
+
+    @property
+    def n_params(self):
+        """Length of the flat parameter vector: mechanistic + every network's."""
+        return self._n_params
+
+    @property
+    def n_obs(self):
+        return len(self._obs_names)
+
+    @property
+    def obs_names(self):
+        return self._obs_names
+
+    @property
+    def module(self):
+        """The generated module with the compiled kernels and solver loops."""
+        return self._module
+
+    @property
+    def source(self):
+        """The text of the generated module."""
+        return self._source
+
+    @property
+    def ws_size(self):
+        return self._ws_size
+
+    @property
+    def param_slices(self):
+        """Where each mechanistic parameter and each network lives in the flat vector."""
+        return dict(self._slices)
+
+    def workspace(self, dtype=np.float64):
+        """A zeroed scratch vector for the kernels (one per thread)."""
+        return np.zeros(self._ws_size, dtype=dtype)
+
+    def __repr__(self):
+        nets = "".join(f", {k}={c!r}" for k, c in self._nets.items())
+        return (f"{type(self).__name__}({self._name!r}, states={list(self._states)}, "
+                f"params={list(self._params)}{nets}, n_params={self._n_params})")
+
+    # ---------------------------------------------------------- parameters
+
+    def init_params(self, seed=0, **values):
+        """A flat float64 parameter vector: mechanistic values, then initialised networks.
+
+        Every mechanistic parameter must be given by name. Network ``k`` (in
+        the order of `nets`) gets Glorot-uniform weights from
+        ``chain.init_params(seed + k)``, unless its vector is given by name.
+
+        Returns
+        -------
+        theta : ndarray, (n_params,)
+        """
+        known = set(self._params) | set(self._nets)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"init_params: unknown name(s) {', '.join(unknown)}; parameters: "
+                             f"{', '.join(self._params) or '(none)'}; nets: "
+                             f"{', '.join(self._nets) or '(none)'}")
+        missing = [p for p in self._params if p not in values]
+        if missing:
+            example = ", ".join(f"{p}=..." for p in missing)
+            raise ValueError(f"init_params: no value for mechanistic parameter(s) "
+                             f"{', '.join(missing)}; pass them, e.g. "
+                             f"model.init_params(seed={seed!r}, {example})")
+        theta = np.zeros(self._n_params)
+        for p in self._params:
+            v = values[p]
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+                    or not np.isfinite(v):
+                raise ValueError(f"init_params: `{p}` must be a finite number, got {v!r}")
+            theta[self._slices[p].start] = v
+        for k, (name, chain) in enumerate(self._nets.items()):
+            s = self._slices[name]
+            if name in values:
+                v = np.asarray(values[name], dtype=np.float64)
+                if v.shape != (chain.n_params,):
+                    raise ValueError(f"init_params: `{name}` must have shape "
+                                     f"({chain.n_params},), got {v.shape}")
+                theta[s] = v
+            else:
+                theta[s] = chain.init_params(seed + k, dtype=np.float64)
+        return theta
+
+    def unpack(self, theta):
+        """Named views of `theta` (see `ParamViews`); writing them writes `theta`."""
+        if not isinstance(theta, np.ndarray) or theta.shape != (self._n_params,):
+            shape = getattr(theta, "shape", type(theta).__name__)
+            raise ValueError(f"unpack: `theta` must be an ndarray of shape ({self._n_params},),"
+                             f" got {shape}")
+        return ParamViews(theta, self._slices, set(self._params))
+
+    # ------------------------------------------------------ Python helpers
+    # Allocating conveniences for users and tests; solvers call the kernels.
+
+    def _args(self, u, p):
+        return _vector("u", u, self.n_states), _vector("p", p, self._n_params)
+
+    def _ws(self):
+        ws = getattr(self._local, "ws", None)
+        if ws is None:
+            ws = self._local.ws = self.workspace()
+        return ws
+
+    def rhs(self, u, p, t=0.0):
+        """du/dt at (u, p, t), shape (n_states,)."""
+        u, p = self._args(u, p)
+        du = np.empty(self.n_states)
+        self._module.rhs_into(du, u, p, float(t), self._ws())
+        return du
+
+    def jac(self, u, p, t=0.0):
+        """df/du, shape (n_states, n_states)."""
+        u, p = self._args(u, p)
+        J = np.empty((self.n_states, self.n_states))
+        self._module.jac_into(J, u, p, float(t), self._ws())
+        return J
+
+    def paramjac(self, u, p, t=0.0):
+        """df/dp, shape (n_states, n_params)."""
+        u, p = self._args(u, p)
+        Jp = np.empty((self.n_states, self._n_params))
+        self._module.paramjac_into(Jp, u, p, float(t), self._ws())
+        return Jp
+
+    def vjp(self, lam, u, p, t=0.0):
+        """(lam^T df/du, lam^T df/dp), shapes (n_states,), (n_params,)."""
+        u, p = self._args(u, p)
+        lam = _vector("lam", lam, self.n_states)
+        ubar, pbar = np.empty(self.n_states), np.zeros(self._n_params)
+        self._module.vjp_into(ubar, pbar, lam, u, p, float(t), self._ws())
+        return ubar, pbar
+
+    def observe(self, u, p, t=0.0):
+        """The observables at (u, p, t), shape (n_obs,)."""
+        u, p = self._args(u, p)
+        y = np.empty(self.n_obs)
+        self._module.obs_into(y, u, p, float(t), self._ws())
+        return y
+
+
+def _importable_kernel(kname, fn):
+    """(module, name) of a module-level numba function, or a clear error."""
+    if not isinstance(fn, numba.core.registry.CPUDispatcher):
+        raise TypeError(f"from_kernels: `{kname}` must be a numba.njit function, got {fn!r}")
+    modname, fname = fn.__module__, fn.__name__
+    if modname == "__main__" or modname is None:
+        raise ValueError(f"from_kernels: `{kname}` ({fname}) is defined in __main__; define "
+                         "it in a module file that can be imported, so the generated module "
+                         "can import it (and numba can cache it)")
+    try:
+        mod = importlib.import_module(modname)
+    except ImportError as e:
+        raise ValueError(f"from_kernels: `{kname}`: cannot import its module {modname!r} "
+                         f"({e})") from None
+    if getattr(mod, fname, None) is not fn or getattr(mod, "__file__", None) is None:
+        raise ValueError(f"from_kernels: `{kname}` must be a module-level function of an "
+                         f"importable module; {modname}.{fname} is not it (a nested or "
+                         "renamed function?)")
+    return mod, fname
+
+
+def _neural_ode(u, p, t, nets):
+    return nets.net(u)
+
+
+class NeuralODE(Model):
+    """A neural ODE ``du/dt = chain(u)`` (states ``u0 .. u{n-1}``, no mechanistic params).
+
+    The chain's parameters are the whole flat vector; it is the network
+    ``net`` of the model (``model.unpack(theta).net``).
+    """
+
+    def __init__(self, chain, observables=None):
+        if not isinstance(chain, Chain):
+            raise TypeError(f"NeuralODE: `chain` must be a nets.Chain, got "
+                            f"{type(chain).__name__}")
+        if chain.n_in != chain.n_out:
+            raise ValueError(f"NeuralODE: the chain must map n states to n derivatives; "
+                             f"it has {chain.n_in} inputs and {chain.n_out} outputs")
+        states = [f"u{i}" for i in range(chain.n_in)]
+        super().__init__(_neural_ode, states, [], nets={"net": chain},
+                         observables=observables)
+

@@ -1,0 +1,230 @@
+"""`sciml.solve`: one entry point for every solver, one problem or many.
+
+Checks the arguments (short messages naming the argument), turns ``saveat``
+into times, calls the solver's `_run` (or `_run_many` for a list of
+problems of one model, in parallel threads), and wraps the result in
+`Solution`; a solve that stops early warns (`SolveWarning`) and returns the
+partial solution.
+"""
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+
+from .problem import ODEProblem
+from .solution import Solution, SolveWarning
+from .solvers.base import STATUS_TEXT, SUCCESS, Solver
+from .solvers.erk import Tsit5
+
+
+def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
+          max_steps=100_000, dense=True, threads=None):
+    """Integrate an `ODEProblem` (or a list of them).
+
+    Parameters
+    ----------
+    prob : ODEProblem or list of ODEProblem
+        A list is solved in parallel threads and gives a list of solutions.
+    solver : Solver, optional
+        A solver instance, e.g. ``sciml.Tsit5()`` (the default), ``sciml.Vern7()``,
+        ``sciml.RK4()`` (fixed step: needs ``dt``), ``sciml.Rodas5()`` (stiff).
+    rtol : float
+        Relative tolerance of adaptive solvers (ignored with fixed steps).
+    atol : float or array_like, (n_states,)
+        Absolute tolerance, one for all states or one per state.
+    saveat : None, float or array_like, optional
+        None: save every accepted step. A number: save every ``saveat`` time
+        units from ``tspan[0]`` (and at ``tspan[1]``). An array: save at these
+        times (sorted, inside tspan); they are filled by interpolation, not by
+        shortening steps. A time equal to a dose time gives the post-dose state.
+    dt : float, optional
+        The step of a fixed-step solver (required there); for an adaptive
+        solver, the first step (default: estimated).
+    max_steps : int
+        Steps (accepted and rejected) allowed before giving up.
+    dense : bool
+        Keep per-step data so that ``sol(t)`` can interpolate anywhere.
+    threads : int, optional
+        Threads for a list of problems (default: all of numba's).
+
+    Returns
+    -------
+    Solution, or a list of Solution
+        A solve that stops early (max steps, step size underflow, non-finite
+        state) warns with a `SolveWarning` and returns what it reached.
+    """
+    solver = _check_solver(solver)
+    many = isinstance(prob, (list, tuple))
+    probs = list(prob) if many else [prob]
+    if many and not probs:
+        raise ValueError("`prob` is an empty list: nothing to solve")
+    for i, p in enumerate(probs):
+        if not isinstance(p, ODEProblem):
+            where = f"`prob[{i}]`" if many else "`prob`"
+            raise TypeError(f"{where} must be a sciml.ODEProblem, got {type(p).__name__}")
+    rtol = _check_rtol(rtol)
+    atols = [_check_atol(atol, p.model.n_states) for p in probs]
+    dt = _check_dt(solver, dt)
+    max_steps = _check_max_steps(max_steps)
+    if not isinstance(dense, (bool, np.bool_)):
+        raise TypeError(f"`dense` must be True or False, got {dense!r}")
+    saveats = [_saveat_times(saveat, p.tspan) for p in probs]
+    threads = _Threads(threads)  # checked for one problem too
+    if not many:
+        raw = solver._run(probs[0], saveats[0], rtol, atols[0], dt, max_steps, bool(dense))
+        sol = Solution(probs[0], solver, raw)
+        _warn_if_failed(sol, None)
+        return sol
+    raws = _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, bool(dense), threads)
+    sols = [Solution(p, solver, r) for p, r in zip(probs, raws)]
+    for i, sol in enumerate(sols):
+        _warn_if_failed(sol, i)
+    return sols
+
+
+def _warn_if_failed(sol, index):
+    if sol.status_code == SUCCESS:
+        return
+    which = "" if index is None else f" (problem {index})"
+    warnings.warn(f"sciml.solve{which} stopped at t = {sol.t_end:.6g} before the end of tspan "
+                  f"{sol.prob.tspan}: {STATUS_TEXT[sol.status_code]}; returning the partial "
+                  "solution", SolveWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------- many problems
+
+
+class _Threads:
+    """Run numba's parallel regions on `n` threads (all by default)."""
+
+    def __init__(self, n):
+        if n is None:
+            n = numba.config.NUMBA_NUM_THREADS
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"`threads` must be a positive int or None, got {n!r}")
+        self.n = min(int(n), numba.config.NUMBA_NUM_THREADS)
+
+    def __enter__(self):
+        self.prev = numba.get_num_threads()
+        numba.set_num_threads(self.n)
+        return self.n
+
+    def __exit__(self, *exc):
+        numba.set_num_threads(self.prev)
+
+
+def _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, dense, threads):
+    """Problems grouped by (model, atol, kind of saveat); each group in one parallel call."""
+    groups = {}
+    for i, (p, s, a) in enumerate(zip(probs, saveats, atols)):
+        groups.setdefault((id(p.model), a.tobytes(), s is None), []).append(i)
+    raws = [None] * len(probs)
+    with threads as nt:
+        for idx in groups.values():
+            sub = [probs[i] for i in idx]
+            if hasattr(solver, "_run_many"):
+                out = solver._run_many(sub, [saveats[i] for i in idx], rtol, atols[idx[0]], dt,
+                                       max_steps, dense)
+            else:  # the compiled loops release the GIL: plain threads run in parallel
+                with ThreadPoolExecutor(max_workers=nt) as pool:
+                    out = list(pool.map(
+                        lambda i: solver._run(probs[i], saveats[i], rtol, atols[i], dt,
+                                              max_steps, dense), idx))
+            for i, r in zip(idx, out):
+                raws[i] = r
+    return raws
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def _check_solver(solver):
+    if solver is None:
+        return Tsit5()
+    if isinstance(solver, type) and issubclass(solver, Solver):
+        raise TypeError(f"`solver` must be a solver instance: write {solver.__name__}() "
+                        f"(with parentheses), not {solver.__name__}")
+    if not isinstance(solver, Solver):
+        raise TypeError(f"`solver` must be a sciml solver such as sciml.Tsit5(), "
+                        f"got {solver!r}")
+    return solver
+
+
+def _is_number(v):
+    return not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+
+
+def _check_rtol(rtol):
+    if not _is_number(rtol) or not np.isfinite(rtol) or rtol <= 0:
+        raise ValueError(f"`rtol` must be a finite number > 0, got {rtol!r}")
+    if rtol < 1e-14:
+        raise ValueError(f"`rtol` = {rtol!r} is below what float64 can resolve; use "
+                         "rtol >= 1e-14")
+    return float(rtol)
+
+
+def _check_atol(atol, n):
+    if _is_number(atol) and np.isfinite(atol) and atol > 0:
+        return np.full(n, float(atol))
+    a = np.array(atol, dtype=np.float64) if _is_number(atol) or isinstance(
+        atol, (list, tuple, np.ndarray)) else None
+    if a is None or a.ndim > 1 or (a.ndim == 1 and a.shape != (n,)):
+        raise ValueError(f"`atol` must be a number or an array of shape ({n},) (one per "
+                         f"state), got {atol!r}")
+    if not np.all(np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"`atol` must be finite and > 0, got {atol!r}")
+    return np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)
+
+
+def _check_dt(solver, dt):
+    if dt is None:
+        if not solver.adaptive:
+            raise ValueError(f"`dt` is required: {solver!r} takes fixed steps; pass e.g. "
+                             "dt=0.01 (or use an adaptive solver such as Tsit5())")
+        return None
+    if not _is_number(dt) or not np.isfinite(dt) or dt <= 0:
+        raise ValueError(f"`dt` must be a finite number > 0, got {dt!r}")
+    return float(dt)
+
+
+def _check_max_steps(max_steps):
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) \
+            or max_steps < 1:
+        raise ValueError(f"`max_steps` must be a positive int, got {max_steps!r}")
+    return int(max_steps)
+
+
+def _saveat_times(saveat, tspan):
+    """None (every step), or the sorted float64 save times inside ``tspan``."""
+    t0, tf = tspan
+    if saveat is None:
+        return None
+    if _is_number(saveat):
+        if not np.isfinite(saveat) or saveat <= 0:
+            raise ValueError(f"`saveat` as a number is the spacing of saved times and must be "
+                             f"> 0, got {saveat!r}")
+        k = int(np.floor((tf - t0) / saveat * (1 + 1e-12)))
+        times = np.minimum(t0 + saveat * np.arange(k + 1), tf)
+        return times if times[-1] == tf else np.append(times, tf)
+    try:
+        times = np.array(saveat, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError("`saveat` must be None, a number (spacing) or a 1-D array of times, "
+                         f"got {saveat!r}") from None
+    if times.ndim != 1:
+        raise ValueError(f"`saveat` must be a 1-D array of times, got shape {times.shape}")
+    if times.size == 0 or (times[0] >= t0 and times[-1] <= tf
+                           and (times[1:] >= times[:-1]).all()):
+        return times  # sorted, inside tspan, no NaN (a NaN fails every comparison)
+    if not np.all(np.isfinite(times)):
+        raise ValueError("`saveat` contains NaN or Inf")
+    outside = (times < t0) | (times > tf)
+    if np.any(outside):
+        i = int(np.argmax(outside))
+        raise ValueError(f"`saveat` times must lie in tspan [{t0:g}, {tf:g}]; "
+                         f"saveat[{i}] = {float(times[i])!r}")
+    i = int(np.argmax(times[1:] < times[:-1]))
+    raise ValueError(f"`saveat` must be sorted (increasing): saveat[{i + 1}] = "
+                     f"{float(times[i + 1])!r} < saveat[{i}] = {float(times[i])!r}")

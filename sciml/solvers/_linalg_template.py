@@ -1,0 +1,94 @@
+"""Dense LU with partial pivoting for the small matrices of implicit steps (template).
+
+Rosenbrock steps solve with ``W = I/(h*gamma) - J`` several times per step.
+numba's ``np.linalg.solve`` allocates its result and copies its operands on
+every call (and a LAPACK call costs more than the elimination itself for a
+handful of states), so the loops use this plain right-looking elimination.
+Both kernels work in place on caller-owned buffers and allocate nothing.
+
+The lines between the template markers are pasted into every generated model
+module (see `sciml._codegen.template_source`); names carry the ``lu_`` prefix.
+"""
+
+from sciml._jit import jit
+
+# --- template begin
+
+
+@jit
+def lu_factor_into(A, piv):
+    """Factor ``A`` in place as ``P A = L U`` (partial pivoting).
+
+    Parameters
+    ----------
+    A : ndarray, float64, (n, n)
+        Overwritten with ``L`` (strictly below the diagonal, unit diagonal
+        implied) and ``U`` (on and above it).
+    piv : ndarray, int64, (n,)
+        Written: row ``k`` was swapped with row ``piv[k]`` at elimination step ``k``.
+
+    Returns
+    -------
+    int
+        0 on success; ``k + 1`` if the pivot of column ``k`` is exactly zero
+        (the matrix is singular; ``A`` is then only partly factored).
+    """
+    n = A.shape[0]
+    for k in range(n):
+        p = k
+        amax = abs(A[k, k])
+        for i in range(k + 1, n):
+            v = abs(A[i, k])
+            if v > amax:
+                amax = v
+                p = i
+        piv[k] = p
+        if amax == 0.0:
+            return k + 1
+        if p != k:
+            for j in range(n):
+                tmp = A[k, j]
+                A[k, j] = A[p, j]
+                A[p, j] = tmp
+        inv = 1.0 / A[k, k]
+        for i in range(k + 1, n):
+            A[i, k] *= inv
+        # Rank-one update of the trailing block, row by row (C order: unit stride in j).
+        for i in range(k + 1, n):
+            lik = A[i, k]
+            if lik != 0.0:
+                for j in range(k + 1, n):
+                    A[i, j] -= lik * A[k, j]
+    return 0
+
+
+@jit
+def lu_solve_into(x, LU, piv):
+    """Overwrite ``x`` with the solution of ``A x = b`` (``x`` holds ``b`` on entry).
+
+    Parameters
+    ----------
+    x : ndarray, float64, (n,)
+        Right-hand side on entry, solution on return.
+    LU, piv : the output of `lu_factor_into` for ``A``.
+    """
+    n = LU.shape[0]
+    for k in range(n):
+        p = piv[k]
+        if p != k:
+            tmp = x[k]
+            x[k] = x[p]
+            x[p] = tmp
+    for i in range(1, n):
+        s = x[i]
+        for j in range(i):
+            s -= LU[i, j] * x[j]
+        x[i] = s
+    for i in range(n - 1, -1, -1):
+        s = x[i]
+        for j in range(i + 1, n):
+            s -= LU[i, j] * x[j]
+        x[i] = s / LU[i, i]
+
+
+# --- template end

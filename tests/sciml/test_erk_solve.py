@@ -1,0 +1,304 @@
+"""The ERK loop through `sciml.solve`: accuracy, output times, counting, ensembles, allocation."""
+
+import numba
+import numpy as np
+import pytest
+from numba.core.runtime import _nrt_python, rtsys
+from scipy.integrate import solve_ivp
+
+from sciml.problem import Bolus, Infusion, ODEProblem
+from sciml.solve import solve
+from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
+
+from . import handmade as hm
+
+ADAPTIVE = [Tsit5, DP5, BS3, Vern7]
+LV_P = np.array([1.5, 1.0, 3.0, 1.0])
+
+
+def lv_prob(u0=(1.0, 1.0), p=LV_P, tspan=(0.0, 10.0)):
+    return ODEProblem(hm.lotka_volterra(), u0, tspan, p)
+
+
+def scipy_ref(prob, t):
+    m = prob.model
+    r = solve_ivp(lambda t, u: m.f(t, u, prob.params), prob.tspan, prob.u0, method="DOP853",
+                  rtol=1e-12, atol=1e-12, t_eval=t, dense_output=True)
+    return r.y.T
+
+
+@pytest.mark.parametrize("cls", ADAPTIVE, ids=lambda c: c.__name__)
+def test_lotka_volterra_vs_scipy(cls):
+    prob = lv_prob()
+    t = np.linspace(0, 10, 101)
+    sol = solve(prob, cls(), rtol=1e-10, atol=1e-10, saveat=t)
+    assert sol.success and sol.status == "success" and sol.status_code == 0
+    np.testing.assert_array_equal(sol.t, t)
+    assert sol.u.shape == (101, 2)
+    tol = 1e-6 if cls is BS3 else 1e-7
+    np.testing.assert_allclose(sol.u, scipy_ref(prob, t), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("cls", ADAPTIVE, ids=lambda c: c.__name__)
+def test_dense_output_agrees_with_saveat(cls, rng):
+    # Both come from the same interpolant of the same steps (up to rounding:
+    # fastmath may contract the sums differently in the two compiled loops).
+    prob = lv_prob()
+    t = np.sort(rng.uniform(0, 10, 50))
+    a = solve(prob, cls(), saveat=t)
+    b = solve(prob, cls())
+    np.testing.assert_allclose(a(t), a.u, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(b(t), a.u, rtol=1e-13, atol=1e-13)
+    # sol(t) takes any shape and order
+    tt = t[::-1].reshape(5, 10)
+    assert b(tt).shape == (5, 10, 2)
+    np.testing.assert_array_equal(b(tt)[0, 0], b(t[-1]))
+    assert b(3.0).shape == (2,)
+
+
+def test_saveat_kinds():
+    prob = lv_prob(tspan=(0.0, 1.0))
+    every = solve(prob, Tsit5())
+    assert every.t[0] == 0.0 and every.t[-1] == 1.0 and np.all(np.diff(every.t) > 0)
+    assert len(every.t) == every.stats["n_accepted"] + 1
+    np.testing.assert_array_equal(every.u[0], prob.u0)
+    np.testing.assert_allclose(every(every.t), every.u, rtol=0, atol=1e-15)
+    spaced = solve(prob, Tsit5(), saveat=0.3)
+    np.testing.assert_allclose(spaced.t, [0.0, 0.3, 0.6, 0.9, 1.0], rtol=0, atol=1e-15)
+    exact_grid = solve(prob, Tsit5(), saveat=0.25)
+    np.testing.assert_array_equal(exact_grid.t, [0.0, 0.25, 0.5, 0.75, 1.0])
+    # endpoints are exact, not interpolated
+    ends = solve(prob, Tsit5(), saveat=[0.0, 1.0])
+    np.testing.assert_array_equal(ends.u[0], prob.u0)
+    np.testing.assert_array_equal(ends.u[1], every.u[-1])
+    assert len(solve(prob, Tsit5(), saveat=[]).t) == 0
+
+
+def test_saveat_does_not_change_steps():
+    prob = lv_prob()
+    a = solve(prob, Tsit5(), saveat=np.linspace(0, 10, 1001))
+    b = solve(prob, Tsit5(), saveat=[10.0])
+    assert a.stats == b.stats
+    np.testing.assert_array_equal(a.u[-1], b.u[-1])
+
+
+def test_function_evaluation_counts():
+    prob = lv_prob()
+    # FSAL: 1 for f(t0) + 1 for the starting step + 6 per attempted step
+    sol = solve(prob, Tsit5(), dense=False)
+    s = sol.stats
+    assert s["nfev"] == 2 + 6 * (s["n_accepted"] + s["n_rejected"])
+    sol = solve(prob, BS3(), dense=False)
+    s = sol.stats
+    assert s["nfev"] == 2 + 3 * (s["n_accepted"] + s["n_rejected"])
+    # Vern7 (not FSAL): 9 new stages per attempt plus f at every new step but
+    # the end; no output inside steps, so no extra interpolant stages
+    sol = solve(prob, Vern7())
+    s = sol.stats
+    assert s["nfev"] == 2 + 9 * (s["n_accepted"] + s["n_rejected"]) + s["n_accepted"] - 1
+    # a given first step skips the estimate
+    sol = solve(prob, Tsit5(), dt=0.01)
+    s = sol.stats
+    assert s["nfev"] == 1 + 6 * (s["n_accepted"] + s["n_rejected"])
+    sol = solve(prob, RK4(), dt=0.1)
+    assert sol.stats == {"nfev": 1 + 4 * 100, "n_accepted": 100, "n_rejected": 0}
+    sol = solve(prob, Euler(), dt=0.1)
+    assert sol.stats == {"nfev": 1 + 100, "n_accepted": 100, "n_rejected": 0}
+
+
+def test_vern7_extra_stages_are_lazy():
+    prob = lv_prob()
+    plain = solve(prob, Vern7())
+    t = np.linspace(0, 10, 2001)  # output inside every step
+    inside = solve(prob, Vern7(), saveat=t)
+    n = plain.stats["n_accepted"]
+    assert inside.stats["n_accepted"] == n
+    # 6 extra stages per step with output; one of them is f at the next step
+    assert inside.stats["nfev"] == plain.stats["nfev"] + 6 * n - (n - 1)
+    # computed on demand for sol(t): same values as inside the loop
+    np.testing.assert_allclose(plain(t), inside.u, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(inside.u, scipy_ref(prob, t), rtol=2e-6, atol=2e-6)
+
+
+def test_dense_false():
+    sol = solve(lv_prob(), Tsit5(), dense=False, saveat=[1.0, 2.0])
+    with pytest.raises(ValueError, match="no dense output: solve with `dense=True`"):
+        sol(1.5)
+
+
+def test_per_state_atol():
+    prob = lv_prob()
+    a = solve(prob, Tsit5(), atol=[1e-6, 1e-6])
+    b = solve(prob, Tsit5(), atol=1e-6)
+    c = solve(prob, Tsit5(), atol=np.array([1e-9, 1e-6]))
+    assert a.stats == b.stats
+    assert c.stats["n_accepted"] > b.stats["n_accepted"]
+
+
+def test_storage_grows():
+    # saveat=None over a long span needs many more steps than first reserved
+    prob = lv_prob(tspan=(0.0, 300.0))
+    sol = solve(prob, DP5(), rtol=1e-9, atol=1e-9)
+    assert sol.success and sol.stats["n_accepted"] > 2000
+    assert len(sol.t) == sol.stats["n_accepted"] + 1
+    ref = solve(prob, DP5(), rtol=1e-9, atol=1e-9, saveat=sol.t)
+    np.testing.assert_allclose(ref.u, sol.u, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(sol(sol.t[1:] - 0.01), ref(sol.t[1:] - 0.01), rtol=1e-13)
+
+
+# ---------------------------------------------------------------- ensembles
+
+
+def ensemble(rng, k=7):
+    probs = []
+    for i in range(k):
+        u0 = rng.uniform(0.5, 2.0, 2)
+        p = LV_P * rng.uniform(0.8, 1.2, 4)
+        probs.append(lv_prob(u0, p, (0.0, 5.0 + i)))
+    return probs
+
+
+@pytest.mark.parametrize("saveat", [None, 0.5, "array"])
+@pytest.mark.parametrize("dense", [True, False])
+def test_ensemble_matches_one_by_one(saveat, dense, rng):
+    probs = ensemble(rng)
+    sv = np.linspace(0, 5, 11) if saveat == "array" else saveat
+    many = solve(probs, Vern7(), rtol=1e-8, atol=1e-8, saveat=sv, dense=dense)
+    assert isinstance(many, list) and len(many) == len(probs)
+    for p, m in zip(probs, many):
+        one = solve(p, Vern7(), rtol=1e-8, atol=1e-8, saveat=sv, dense=dense)
+        assert m.stats == one.stats and m.prob is p
+        np.testing.assert_array_equal(m.t, one.t)
+        np.testing.assert_allclose(m.u, one.u, rtol=1e-13, atol=1e-13)
+        if dense:
+            tq = np.linspace(0, p.tspan[1], 37)
+            np.testing.assert_allclose(m(tq), one(tq), rtol=1e-13, atol=1e-13)
+
+
+def test_ensemble_threads_and_mixed_models(rng):
+    probs = ensemble(rng, 5)
+    pk = hm.pk()
+    dosed = [ODEProblem(pk, [0.0, 0.0], (0.0, 48.0), [1.0, 0.2, 10.0],
+                        doses=[Bolus(0.0, 100.0 * (i + 1), "depot", every=12.0, count=4),
+                               Infusion(6.0, 2.0, 10.0 * i + 1, "central")])
+             for i in range(4)]
+    mixed = [x for pair in zip(probs, dosed) for x in pair] + probs[4:]
+    one = [solve(p, Tsit5(), saveat=1.0) for p in mixed]
+    for threads in (1, 2):
+        many = solve(mixed, Tsit5(), saveat=1.0, threads=threads)
+        for a, b in zip(many, one):
+            assert a.prob.model is b.prob.model
+            np.testing.assert_allclose(a.u, b.u, rtol=1e-13, atol=1e-13)
+
+
+def test_ensemble_storage_grows(rng):
+    probs = [lv_prob(tspan=(0.0, 10.0)), lv_prob(tspan=(0.0, 300.0))]
+    many = solve(probs, Tsit5(), rtol=1e-9, atol=1e-9)
+    for p, m in zip(probs, many):
+        one = solve(p, Tsit5(), rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(m.u, one.u, rtol=1e-13, atol=1e-13)
+        assert m.stats == one.stats
+
+
+# ---------------------------------------------------------------- allocation
+
+needs_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+
+
+@pytest.fixture
+def nrt_stats():
+    was = _nrt_python.memsys_stats_enabled()
+    _nrt_python.memsys_enable_stats()
+    yield
+    if not was:
+        _nrt_python.memsys_disable_stats()
+
+
+@numba.njit
+def _repeat(f, n, args):
+    for _ in range(n):
+        f(*args)
+
+
+def _allocs():
+    return rtsys.get_allocation_stats().alloc
+
+
+class Spy:
+    """Replaces a module kernel for one call, keeping its arguments."""
+
+    def __init__(self, module, name, monkeypatch):
+        kernel = getattr(module, name)
+        self.kernel = kernel.kernel if isinstance(kernel, Spy) else kernel
+        self.args = None
+        monkeypatch.setattr(module, name, self)
+
+    def __call__(self, *args):
+        self.args = args
+        return self.kernel(*args)
+
+
+def allocations_in(kernel, args, n=3):
+    """(allocations of one call beyond unboxing its array arguments, per further call).
+
+    Calling the jitted driver from Python allocates one MemInfo per ndarray
+    argument while unboxing; everything else would be the kernel's own.
+    """
+    _repeat(kernel, 1, args)
+    a0 = _allocs()
+    _repeat(kernel, 1, args)
+    a1 = _allocs()
+    _repeat(kernel, 1 + n, args)
+    a2 = _allocs()
+    unboxing = sum(isinstance(a, np.ndarray) for a in args)
+    return (a1 - a0) - unboxing, ((a2 - a1) - (a1 - a0)) / n
+
+
+@needs_jit
+def test_measurement_sees_allocations(nrt_stats):
+    @numba.njit
+    def allocating(x):
+        return np.empty(3).sum() + x[0]
+
+    assert allocations_in(allocating, (np.ones(2),)) == (1, 1)
+
+
+@needs_jit
+@pytest.mark.parametrize("cls", [Tsit5, Vern7, RK4], ids=lambda c: c.__name__)
+def test_loop_allocates_nothing(cls, nrt_stats, monkeypatch):
+    pk = hm.pk()
+    mod = pk.module
+    counts = []
+    for days in (2, 8):  # four times the steps and doses
+        prob = ODEProblem(pk, [0.0, 0.0], (0.0, 24.0 * days), [1.0, 0.2, 10.0],
+                          doses=[Bolus(0.0, 100.0, "depot", every=12.0, count=2 * days),
+                                 Infusion(1.0, 2.0, 5.0, "central", every=24.0, count=days)])
+        spy = Spy(mod, "erk_solve", monkeypatch)
+        kw = dict(dt=0.05) if cls is RK4 else {}
+        solve(prob, cls(), saveat=np.linspace(0, 24.0 * days, 50), **kw)
+        first, per_call = allocations_in(spy.kernel, spy.args)
+        assert first == 0 and per_call == 0
+        counts.append(first)
+    assert counts[0] == counts[1] == 0
+
+
+@needs_jit
+def test_dense_eval_allocates_nothing(nrt_stats, monkeypatch):
+    sol = solve(lv_prob(), Vern7())
+    spy = Spy(hm.lotka_volterra().module, "erk_dense_eval", monkeypatch)
+    sol(np.linspace(0, 10, 100))
+    assert allocations_in(spy.kernel, spy.args) == (0, 0)
+
+
+@needs_jit
+def test_ensemble_allocations_do_not_grow_with_steps(nrt_stats, monkeypatch, rng):
+    mod = hm.lotka_volterra().module
+    counts = []
+    for tf in (5.0, 40.0):
+        probs = [lv_prob(tspan=(0.0, tf)) for _ in range(4)]
+        spy = Spy(mod, "erk_solve_many", monkeypatch)
+        solve(probs, Tsit5(), saveat=[tf])
+        counts.append(allocations_in(spy.kernel, spy.args))
+    # the parallel launch allocates a fixed amount; the loops nothing
+    assert counts[0] == counts[1]
+    assert counts[0][1] == 0

@@ -1,0 +1,106 @@
+"""The dense LU kernels of `_linalg_template` against numpy/scipy, and their allocations."""
+
+import numba
+import numpy as np
+import pytest
+import scipy.linalg
+from hypothesis import given
+from hypothesis import strategies as st
+from numba.core.runtime import _nrt_python, rtsys
+
+from sciml.solvers._linalg_template import lu_factor_into, lu_solve_into
+
+
+def factor(A):
+    LU = np.array(A, dtype=np.float64, order="C")
+    piv = np.zeros(LU.shape[0], dtype=np.int64)
+    info = lu_factor_into(LU, piv)
+    return LU, piv, info
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 30])
+def test_factor_matches_scipy(rng, n):
+    A = rng.normal(size=(n, n))
+    LU, piv, info = factor(A)
+    ref_lu, ref_piv = scipy.linalg.lu_factor(A)
+    assert info == 0
+    # Same pivoting rule (largest magnitude in the column), same pivot convention.
+    np.testing.assert_array_equal(piv, ref_piv)
+    np.testing.assert_allclose(LU, ref_lu, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 9, 20])
+def test_solve_matches_numpy(rng, n):
+    # A W-like matrix: diagonal shift minus a Jacobian with large entries.
+    J = rng.normal(size=(n, n)) * 10.0 ** rng.uniform(-2, 4, size=(n, 1))
+    A = np.eye(n) / 0.019 - J
+    b = rng.normal(size=n)
+    LU, piv, _ = factor(A)
+    x = b.copy()
+    lu_solve_into(x, LU, piv)
+    np.testing.assert_allclose(x, np.linalg.solve(A, b), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(A @ x, b, rtol=1e-9, atol=1e-9 * np.abs(A).max())
+
+
+def test_permutation_is_applied(rng):
+    # A zero leading pivot forces a row swap.
+    A = np.array([[0.0, 2.0, 1.0], [3.0, 1.0, 0.0], [1.0, 0.0, 4.0]])
+    LU, piv, info = factor(A)
+    assert info == 0 and piv[0] == 1
+    b = rng.normal(size=3)
+    x = b.copy()
+    lu_solve_into(x, LU, piv)
+    np.testing.assert_allclose(A @ x, b, atol=1e-14)
+
+
+@pytest.mark.parametrize("A, column", [
+    (np.zeros((3, 3)), 0),
+    (np.array([[1.0, 2.0], [2.0, 4.0]]), 1),
+    (np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 1.0]]), 1),
+])
+def test_singular_reports_column(A, column):
+    _, _, info = factor(A)
+    assert info == column + 1
+
+
+@given(st.integers(1, 7), st.integers(0, 2**32 - 1))
+def test_random_solves(n, seed):
+    g = np.random.default_rng(seed)
+    A = g.normal(size=(n, n)) + n * np.eye(n) * g.uniform(0, 2)
+    b = g.normal(size=n)
+    if np.linalg.cond(A) > 1e10:
+        return
+    LU, piv, info = factor(A)
+    assert info == 0
+    x = b.copy()
+    lu_solve_into(x, LU, piv)
+    np.testing.assert_allclose(x, np.linalg.solve(A, b), rtol=1e-8, atol=1e-10)
+
+
+@numba.njit
+def _factor_and_solve_many(reps, A, LU, piv, x, b):
+    for _ in range(reps):
+        LU[:, :] = A
+        lu_factor_into(LU, piv)
+        x[:] = b
+        lu_solve_into(x, LU, piv)
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+def test_no_allocation(rng):
+    was = _nrt_python.memsys_stats_enabled()
+    _nrt_python.memsys_enable_stats()
+    try:
+        n = 6
+        args = (rng.normal(size=(n, n)) + 5 * np.eye(n), np.zeros((n, n)),
+                np.zeros(n, dtype=np.int64), np.zeros(n), rng.normal(size=n))
+        _factor_and_solve_many(1, *args)  # compile
+        a0 = rtsys.get_allocation_stats().alloc
+        _factor_and_solve_many(1, *args)
+        a1 = rtsys.get_allocation_stats().alloc
+        _factor_and_solve_many(101, *args)
+        a2 = rtsys.get_allocation_stats().alloc
+        assert (a2 - a1) - (a1 - a0) == 0
+    finally:
+        if not was:
+            _nrt_python.memsys_disable_stats()
