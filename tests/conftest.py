@@ -50,3 +50,15 @@ def cube_activation():
 
     nets.register_activation("cube", cube, dcube)
     return {"cube": (lambda z: z**3, lambda z: 3 * z**2)}
+
+
+@pytest.fixture(scope="module")
+def nrt_stats():
+    """numba's allocation statistics switched on for a module (see tests/alloc.py)."""
+    from numba.core.runtime import _nrt_python
+
+    was = _nrt_python.memsys_stats_enabled()
+    _nrt_python.memsys_enable_stats()
+    yield
+    if not was:
+        _nrt_python.memsys_disable_stats()

@@ -4,7 +4,7 @@ Counted with numba's runtime statistics (NRT allocations). Calling a jitted
 function from Python allocates one NRT MemInfo per ndarray argument while
 unboxing it (freed on return), so per-call counts are measured two ways:
 
-* kernels called from a jitted loop (`_repeat`), where arguments are unboxed
+* kernels called from a jitted loop (`tests.alloc.repeat`), where arguments are unboxed
   once: the count for 21 calls must equal the count for 1 call;
 * the chain methods called from Python: the count per call must be exactly
   the unboxing of the ndarrays the method passes to its kernel.
@@ -18,47 +18,22 @@ import tracemalloc
 import numba
 import numpy as np
 import pytest
-from numba.core.runtime import _nrt_python, rtsys
 
 import nets
 from nets import Chain, Dense
 from nets import kernels as K
 
+from ..alloc import allocations_in, allocs, needs_jit
 from . import reference as ref
 
-pytestmark = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+pytestmark = [needs_jit, pytest.mark.usefixtures("nrt_stats")]
 
 CALLS = 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def nrt_stats():
-    was = _nrt_python.memsys_stats_enabled()
-    _nrt_python.memsys_enable_stats()
-    yield
-    if not was:
-        _nrt_python.memsys_disable_stats()
-
-
-@numba.njit
-def _repeat(f, n, args):
-    for _ in range(n):
-        f(*args)
-
-
-def allocs():
-    return rtsys.get_allocation_stats().alloc
-
-
 def allocations_per_call(kernel, args):
     """Allocations inside `kernel(*args)` per call (unboxing excluded)."""
-    _repeat(kernel, 1, args)  # compile
-    a0 = allocs()
-    _repeat(kernel, 1, args)
-    a1 = allocs()
-    _repeat(kernel, 1 + CALLS, args)
-    a2 = allocs()
-    return ((a2 - a1) - (a1 - a0)) / CALLS
+    return allocations_in(kernel, args, CALLS)[1]
 
 
 class Recorder:

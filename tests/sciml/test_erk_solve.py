@@ -3,13 +3,13 @@
 import numba
 import numpy as np
 import pytest
-from numba.core.runtime import _nrt_python, rtsys
 from scipy.integrate import solve_ivp
 
 from sciml.problem import Bolus, Infusion, ODEProblem
 from sciml.solve import solve
 from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
 
+from ..alloc import allocations_in, needs_jit
 from . import handmade as hm
 
 ADAPTIVE = [Tsit5, DP5, BS3, Vern7]
@@ -202,28 +202,6 @@ def test_ensemble_storage_grows(rng):
 
 # ---------------------------------------------------------------- allocation
 
-needs_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
-
-
-@pytest.fixture
-def nrt_stats():
-    was = _nrt_python.memsys_stats_enabled()
-    _nrt_python.memsys_enable_stats()
-    yield
-    if not was:
-        _nrt_python.memsys_disable_stats()
-
-
-@numba.njit
-def _repeat(f, n, args):
-    for _ in range(n):
-        f(*args)
-
-
-def _allocs():
-    return rtsys.get_allocation_stats().alloc
-
-
 class Spy:
     """Replaces a module kernel for one call, keeping its arguments."""
 
@@ -236,22 +214,6 @@ class Spy:
     def __call__(self, *args):
         self.args = args
         return self.kernel(*args)
-
-
-def allocations_in(kernel, args, n=3):
-    """(allocations of one call beyond unboxing its array arguments, per further call).
-
-    Calling the jitted driver from Python allocates one MemInfo per ndarray
-    argument while unboxing; everything else would be the kernel's own.
-    """
-    _repeat(kernel, 1, args)
-    a0 = _allocs()
-    _repeat(kernel, 1, args)
-    a1 = _allocs()
-    _repeat(kernel, 1 + n, args)
-    a2 = _allocs()
-    unboxing = sum(isinstance(a, np.ndarray) for a in args)
-    return (a1 - a0) - unboxing, ((a2 - a1) - (a1 - a0)) / n
 
 
 @needs_jit

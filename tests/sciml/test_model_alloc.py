@@ -9,39 +9,18 @@ the nets' 2-D buffers and the `vjp_into` calls inside `paramjac_into`.
 import numba
 import numpy as np
 import pytest
-from numba.core.runtime import _nrt_python, rtsys
 
+from ..alloc import allocations_in, needs_jit
 from . import model_zoo as zoo
 
-pytestmark = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+pytestmark = [needs_jit, pytest.mark.usefixtures("nrt_stats")]
 
 CALLS = 20
 KERNELS = ["rhs_into", "jac_into", "vjp_into", "paramjac_into", "obs_into", "obs_vjp_into"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def nrt_stats():
-    was = _nrt_python.memsys_stats_enabled()
-    _nrt_python.memsys_enable_stats()
-    yield
-    if not was:
-        _nrt_python.memsys_disable_stats()
-
-
-@numba.njit
-def _repeat(f, n, args):
-    for _ in range(n):
-        f(*args)
-
-
 def allocations_per_call(kernel, args):
-    _repeat(kernel, 1, args)  # compile
-    a0 = rtsys.get_allocation_stats().alloc
-    _repeat(kernel, 1, args)
-    a1 = rtsys.get_allocation_stats().alloc
-    _repeat(kernel, 1 + CALLS, args)
-    a2 = rtsys.get_allocation_stats().alloc
-    return ((a2 - a1) - (a1 - a0)) / CALLS
+    return allocations_in(kernel, args, CALLS)[1]
 
 
 def kernel_args(name, m, u, theta, t, rng):

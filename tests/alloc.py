@@ -1,0 +1,38 @@
+"""Allocation counting with numba's runtime (NRT) statistics, for the no-allocation tests.
+
+Calling a jitted function from Python allocates one NRT MemInfo per ndarray
+argument while unboxing it (freed on return), so a kernel is measured from
+inside a jitted loop (`repeat`), where its arguments are unboxed once: the
+count for 1 + n calls minus the count for one call is the kernel's own.
+Tests that count need the `nrt_stats` fixture (tests/conftest.py).
+"""
+
+import numba
+import numpy as np
+import pytest
+from numba.core.runtime import rtsys
+
+needs_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+
+
+@numba.njit
+def repeat(f, n, args):
+    for _ in range(n):
+        f(*args)
+
+
+def allocs():
+    """NRT allocations so far in this process."""
+    return rtsys.get_allocation_stats().alloc
+
+
+def allocations_in(kernel, args, n=20):
+    """(allocations of one call beyond unboxing its arrays, allocations per further call)."""
+    repeat(kernel, 1, args)  # compile
+    a0 = allocs()
+    repeat(kernel, 1, args)
+    a1 = allocs()
+    repeat(kernel, 1 + n, args)
+    a2 = allocs()
+    unboxing = sum(isinstance(a, np.ndarray) for a in args)
+    return (a1 - a0) - unboxing, ((a2 - a1) - (a1 - a0)) / n
