@@ -5,9 +5,14 @@ its value and its derivative. Kernels apply them to a contiguous row of a
 buffer, overwriting `z` with the value and writing the derivative beside it,
 so the backward pass is a plain multiply whatever the activation.
 
-float32 `tanh` uses a rational approximation (max error a few ulp in float32)
-because libm `tanh` is a scalar call that blocks vectorisation and was ~8x
-slower inside the kernels; float64 keeps libm's `tanh` for exactness.
+libm `tanh` is a scalar call that blocks vectorisation (~9 ns each: 50 of
+them were most of a 2-50-2 network's forward pass), so `tanh` is computed
+inline by branch-free formulas that vectorise: float32 by a rational
+approximation (max error a few ulp in float32); float64 by Cephes' odd
+rational for |x| < 0.625 and ``1 - 2 / (exp(2|x|) + 1)`` beyond, with an
+inline Cephes exp (Cody-Waite reduction, 2**n built from the bits of n):
+within 2 ulp of numpy's tanh (tested on a dense grid), ~4x faster than libm
+over a row of 50.
 """
 
 import math
@@ -39,6 +44,45 @@ _B = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04,
       1.19825839466702e-06)
 
 
+# float64: Cephes tanh (|x| < 0.625) and exp (for 1 - 2 / (exp(2|x|) + 1)), from
+# S. L. Moshier, Cephes Math Library (tanh.c, exp.c).
+_TP = (-9.64399179425052238628E-1, -9.92877231001918586564E1, -1.61468768441708447952E3)
+_TQ = (1.12811678491632931402E2, 2.23548839060100448583E3, 4.84406305325125486048E3)
+_EP = (1.26177193074810590878E-4, 3.02994407707441961300E-2, 9.99999999999999999910E-1)
+_EQ = (3.00198505138664455042E-6, 2.52448340349684104192E-3, 2.27265548208155028766E-1,
+       2.00000000000000000009E0)
+_LOG2E = 1.4426950408889634073599
+_LN2_HI, _LN2_LO = 6.93145751953125E-1, 1.42860682030941723212E-6
+
+
+@jit(inline="always")
+def _tanh64(x):
+    p0, p1, p2 = _TP
+    q0, q1, q2 = _TQ
+    e0, e1, e2 = _EP
+    f0, f1, f2, f3 = _EQ
+    a = abs(x)
+    z = x * x
+    small = x + x * z * ((p0 * z + p1) * z + p2) / (((z + q0) * z + q1) * z + q2)
+    y = min(2.0 * a, 40.0)  # tanh(20) rounds to 1 in float64
+    n = math.floor(y * _LOG2E + 0.5)
+    r = y - n * _LN2_HI
+    r = r - n * _LN2_LO
+    rr = r * r
+    px = r * ((e0 * rr + e1) * rr + e2)
+    s = 1.0 + 2.0 * (px / ((((f0 * rr + f1) * rr + f2) * rr + f3) - px))  # exp(r)
+    k = int(n)  # 0 <= k <= 58: s *= 2**k, bit by bit (selects vectorise, ldexp does not)
+    s *= 2.0 if k & 1 else 1.0
+    s *= 4.0 if k & 2 else 1.0
+    s *= 16.0 if k & 4 else 1.0
+    s *= 256.0 if k & 8 else 1.0
+    s *= 65536.0 if k & 16 else 1.0
+    s *= 4294967296.0 if k & 32 else 1.0
+    big = 1.0 - 2.0 / (s + 1.0)
+    big = big if x >= 0 else -big
+    return small if a < 0.625 else big
+
+
 @overload(_tanh_stub, jit_options=dict(fastmath=True, error_model="numpy"))
 def _tanh_overload(x):
     if isinstance(x, types.Float) and x.bitwidth == 32:
@@ -54,12 +98,14 @@ def _tanh_overload(x):
             return num / den
 
         return impl
+    if isinstance(x, types.Float) and x.bitwidth == 64:
+        return lambda x: _tanh64(x)
     return lambda x: math.tanh(x)
 
 
 @jit(inline="always")
 def tanh(x):
-    """tanh; rational approximation in float32, libm in float64."""
+    """tanh, vectorisable: rational approximation in float32, Cephes formulas in float64."""
     return _tanh_stub(x)
 
 

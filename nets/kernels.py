@@ -454,11 +454,21 @@ def _forward1_layers(meta, p, buf, need_d):
         nout = meta[l, OUT]
         woff = meta[l, WOFF]
         boff = meta[l, BOFF]
-        for o in range(nout):
-            acc = p[boff + o] if boff >= 0 else zero
+        if nin < nout:
+            # Few inputs, many outputs (e.g. 2 -> 50): a column at a time, so the
+            # loop over outputs vectorises (a dot product of length 2 does not).
+            for o in range(nout):
+                buf[off + o] = p[boff + o] if boff >= 0 else zero
             for i in range(nin):
-                acc += p[woff + o * nin + i] * buf[xo + i]
-            buf[off + o] = acc
+                xi = buf[xo + i]
+                for o in range(nout):
+                    buf[off + o] += p[woff + o * nin + i] * xi
+        else:
+            for o in range(nout):
+                acc = p[boff + o] if boff >= 0 else zero
+                for i in range(nin):
+                    acc += p[woff + o * nin + i] * buf[xo + i]
+                buf[off + o] = acc
         _activate(meta[l, ACT], buf, off, off + nout, nout, need_d)
         xo = off
         off += 2 * nout

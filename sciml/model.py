@@ -50,8 +50,9 @@ def _nets_fingerprint():
 
 def _templates():
     from .solvers import TEMPLATES
+    from .solvers.erk import specialized_source
 
-    return [template_source(m) for m in TEMPLATES]
+    return [template_source(m) for m in TEMPLATES] + [specialized_source()]
 
 
 class ParamViews:

@@ -163,6 +163,8 @@ class ODEProblem:
         self.u0, self.tspan, self.params = u0, (t0, tf), params
         self.doses = tuple(doses)
         self.dose_arrays = dose_arrays(self.doses, model.states, tstops)
+        # No doses and no tstops: `sciml.solve` may take its lean path.
+        self._plain = self.dose_arrays.tstops.size == 0
 
     def remake(self, u0=None, tspan=None, params=None, doses=None):
         """A copy with some fields replaced (the model is shared)."""

@@ -35,24 +35,66 @@ class Solution:
         ``nfev``, ``n_accepted``, ``n_rejected`` (+ solver-specific counts).
     prob, solver : the problem and the solver used.
 
-    Calling ``sol(t)`` (scalar or array) evaluates the dense output (with
-    ``dense=True``, the default); ``sol.observables`` maps each observable's
-    name to its values at ``t``, (T,).
+    Calling ``sol(t)`` (scalar or array) evaluates the dense output. It is
+    stored during the solve when ``saveat`` is None or ``dense=True``; with
+    ``saveat`` given and ``dense`` left at its default, the first ``sol(t)``
+    re-runs the same solve (same steps, from the same inputs) once with
+    per-step storage; with ``dense=False`` ``sol(t)`` is an error.
+    ``sol.observables`` maps each observable's name to its values at ``t``,
+    (T,), computed on first access.
     """
 
-    def __init__(self, prob, solver, raw):
+    _dense = None
+    _redo = None  # None, or a callable: params -> dense data (re-runs the solve with storage)
+    _observables = None
+
+    def __init__(self, prob, solver, raw, redo=None):
+        self._set(prob, solver, raw.t, raw.u, int(raw.status), float(raw.t_end),
+                  dict(raw.stats), raw.dense, prob.params.copy(), redo)
+
+    @classmethod
+    def _make(cls, prob, solver, t, u, status, t_end, stats, params, redo):
+        """The lean constructor of `sciml.solve`'s fast path (no dense data yet)."""
+        self = cls.__new__(cls)
         self.prob = prob
         self.solver = solver
-        self.t = raw.t
-        self.u = raw.u
-        self.status_code = int(raw.status)
-        self.status = STATUS_NAMES.get(self.status_code, "unknown")
-        self.message = STATUS_TEXT.get(self.status_code, "unknown status")
-        self.t_end = float(raw.t_end)
-        self.stats = dict(raw.stats)
-        self._dense = raw.dense
-        self._params = prob.params.copy()  # observables use the parameters of the solve
-        self._observables = None
+        self.t = t
+        self.u = u
+        self.status_code = status
+        self.t_end = t_end
+        self.stats = stats
+        self._params = params
+        if redo is not None:
+            self._redo = redo
+        return self
+
+    def _set(self, prob, solver, t, u, status, t_end, stats, dense, params, redo):
+        self.prob = prob
+        self.solver = solver
+        self.t = t
+        self.u = u
+        self.status_code = status
+        self.t_end = t_end
+        self.stats = stats
+        if dense is not None:
+            self._dense = dense
+        self._params = params  # a copy: observables use the parameters of the solve
+        if redo is not None:
+            self._redo = redo
+
+    @property
+    def status(self):
+        return STATUS_NAMES.get(self.status_code, "unknown")
+
+    @property
+    def message(self):
+        return STATUS_TEXT.get(self.status_code, "unknown status")
+
+    def _dense_data(self):
+        if self._dense is None and self._redo is not None:
+            self._dense = self._redo(self._params)
+            self._redo = None
+        return self._dense
 
     @property
     def success(self):
@@ -76,7 +118,8 @@ class Solution:
         -------
         ndarray, (n_states,) for a scalar, else ``t.shape + (n_states,)``
         """
-        if self._dense is None:
+        dense = self._dense_data()
+        if dense is None:
             raise ValueError("this solution has no dense output: solve with `dense=True` to "
                              "evaluate `sol(t)` (or pass the times as `saveat`)")
         tq = np.asarray(t, dtype=np.float64)
@@ -90,7 +133,7 @@ class Solution:
                              f"got {first!r}")
         order = np.argsort(flat, kind="stable")
         vals = np.empty((flat.shape[0], self.u.shape[1]))
-        self.solver.interpolate(self._dense, np.ascontiguousarray(flat[order]), vals)
+        self.solver.interpolate(dense, np.ascontiguousarray(flat[order]), vals)
         out = np.empty_like(vals)
         out[order] = vals
         return out[0] if tq.ndim == 0 else out.reshape(tq.shape + (self.u.shape[1],))

@@ -7,6 +7,7 @@ problems of one model, in parallel threads), and wraps the result in
 partial solution.
 """
 
+import math
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,11 +17,11 @@ import numpy as np
 from .problem import ODEProblem
 from .solution import Solution, SolveWarning
 from .solvers.base import STATUS_TEXT, SUCCESS, Solver
-from .solvers.erk import Tsit5
+from .solvers.erk import ExplicitRK, Tsit5
 
 
 def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
-          max_steps=100_000, dense=True, threads=None):
+          max_steps=100_000, dense=None, threads=None):
     """Integrate an `ODEProblem` (or a list of them).
 
     Parameters
@@ -44,8 +45,13 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
         solver, the first step (default: estimated).
     max_steps : int
         Steps (accepted and rejected) allowed before giving up.
-    dense : bool
-        Keep per-step data so that ``sol(t)`` can interpolate anywhere.
+    dense : None or bool
+        Per-step data for ``sol(t)`` anywhere (as in DifferentialEquations.jl,
+        dense output follows ``saveat``). None (default): stored during the
+        solve when ``saveat`` is None; with ``saveat`` given, the solve stores
+        nothing per step and the first ``sol(t)`` re-runs it once, with the
+        same steps, to get them. True: always stored during the solve.
+        False: never (``sol(t)`` is then an error).
     threads : int, optional
         Threads for a list of problems (default: all of numba's).
 
@@ -55,6 +61,30 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
         A solve that stops early (max steps, step size underflow, non-finite
         state) warns with a `SolveWarning` and returns what it reached.
     """
+    if solver is None:
+        solver = _default_solver()
+    # The common case (one problem without doses, output times as a float64 array, no
+    # dense storage) takes a lean path: cheap checks here, the rest in the compiled loop.
+    if (threads is None and dense is not True and type(saveat) is np.ndarray
+            and type(prob) is ODEProblem and prob._plain and isinstance(solver, ExplicitRK)
+            and type(rtol) is float and 1e-14 <= rtol < math.inf
+            and type(atol) is float and 0.0 < atol < math.inf
+            and (dt is None or (type(dt) is float and 0.0 < dt < math.inf))
+            and (dt is not None or solver.adaptive)
+            and type(max_steps) is int and max_steps >= 1
+            and saveat.dtype is _F64 and saveat.ndim == 1 and saveat.flags.c_contiguous):
+        out = solver._run_saveat(prob, saveat, rtol, _atol_vector(atol, prob.u0.shape[0]), dt,
+                                 max_steps)
+        if out is not None:
+            t, u, status, t_end, (nfev, nacc, nrej) = out
+            sol = Solution._make(prob, solver, t, u, status, t_end,
+                                 {"nfev": nfev, "n_accepted": nacc, "n_rejected": nrej},
+                                 prob.params.copy(), None if dense is False else _Redo(
+                                     (solver, prob, prob.u0.copy(), t, rtol, atol, dt,
+                                      max_steps)))
+            if status != SUCCESS:
+                _warn_if_failed(sol, None)
+            return sol
     solver = _check_solver(solver)
     many = isinstance(prob, (list, tuple))
     probs = list(prob) if many else [prob]
@@ -68,20 +98,70 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
     atols = [_check_atol(atol, p.model.n_states) for p in probs]
     dt = _check_dt(solver, dt)
     max_steps = _check_max_steps(max_steps)
-    if not isinstance(dense, (bool, np.bool_)):
-        raise TypeError(f"`dense` must be True or False, got {dense!r}")
+    if dense is not None and not isinstance(dense, (bool, np.bool_)):
+        raise TypeError(f"`dense` must be None, True or False, got {dense!r}")
     saveats = [_saveat_times(saveat, p.tspan) for p in probs]
+    store = bool(dense) if dense is not None else saveat is None
+    lazy = dense is None and not store
     threads = _Threads(threads)  # checked for one problem too
     if not many:
-        raw = solver._run(probs[0], saveats[0], rtol, atols[0], dt, max_steps, bool(dense))
-        sol = Solution(probs[0], solver, raw)
+        raw = solver._run(probs[0], saveats[0], rtol, atols[0], dt, max_steps, store)
+        redo = _Redo((solver, probs[0], probs[0].u0.copy(), saveats[0], rtol, atols[0], dt,
+                      max_steps)) if lazy else None
+        sol = Solution(probs[0], solver, raw, redo)
         _warn_if_failed(sol, None)
         return sol
-    raws = _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, bool(dense), threads)
-    sols = [Solution(p, solver, r) for p, r in zip(probs, raws)]
+    raws = _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, store, threads)
+    sols = [Solution(p, solver, r, _Redo((solver, p, p.u0.copy(), sv, rtol, a, dt, max_steps))
+                     if lazy else None)
+            for p, r, sv, a in zip(probs, raws, saveats, atols)]
     for i, sol in enumerate(sols):
         _warn_if_failed(sol, i)
     return sols
+
+
+_F64 = np.dtype(np.float64)
+_ATOLS = {}
+
+
+def _atol_vector(atol, n):
+    """``np.full(n, atol)``, shared between solves (never written to)."""
+    key = (atol, n)
+    a = _ATOLS.get(key)
+    if a is None:
+        if len(_ATOLS) > 256:
+            _ATOLS.clear()
+        a = _ATOLS[key] = np.full(n, atol)
+        a.flags.writeable = False
+    return a
+
+
+_DEFAULT = []
+
+
+def _default_solver():
+    if not _DEFAULT:
+        _DEFAULT.append(Tsit5())
+    return _DEFAULT[0]
+
+
+class _Redo(tuple):
+    """Re-runs a finished solve with per-step storage, for a lazy `Solution.__call__`.
+
+    ``(solver, prob, u0, saveat, rtol, atol, dt, max_steps)``, with ``u0`` a copy;
+    the solution passes its copy of the parameters, so later changes to the
+    problem's arrays do not leak in.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, params):
+        solver, prob, u0, saveat, rtol, atol, dt, max_steps = self
+        q = ODEProblem.__new__(ODEProblem)
+        q.__dict__.update(prob.__dict__)
+        q.u0, q.params = u0, params
+        atol = _check_atol(atol, u0.shape[0])
+        return solver._run(q, saveat, rtol, atol, dt, max_steps, True).dense
 
 
 def _warn_if_failed(sol, index):

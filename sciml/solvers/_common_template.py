@@ -136,7 +136,7 @@ def com_hinit(u, f0, p, t, ws, rate, rtol, atol, order, hmax, u1, f1):
 def com_accept_factor(err, err_prev, safety, qmin, qmax, beta1, beta2):
     """PI controller: factor for the next step after an accepted step with error ``err``."""
     e = max(err, 1e-10)
-    q = e ** beta1 / err_prev ** beta2
+    q = math.exp(beta1 * math.log(e) - beta2 * math.log(err_prev))  # e**b1 / prev**b2, cheaper
     return min(qmax, max(qmin, safety / q))
 
 

@@ -22,6 +22,7 @@ module (see `sciml._codegen.template_source`); names carry the ``erk_`` prefix.
 
 import math
 
+import numpy as np
 from numba import prange
 
 from sciml._jit import jit, pjit
@@ -41,6 +42,7 @@ from sciml.solvers._common_template import (
     com_rhs,
     com_step_to,
 )
+from sciml.solvers._stubs import WS_SIZE
 
 # --- template begin
 
@@ -303,6 +305,67 @@ def erk_solve(A, b, e, c, P, n_step, end_stage, adaptive, order,
     stats[2] = nrej
     stats[3] = nsave if save_all else sp
     return status, t
+
+
+# Layout of the packed tableau-and-controller vector of `erk_solve_saveat`
+# (built once per solver object by `sciml.solvers.erk.ExplicitRK._packed`).
+ERK_TAB_HEAD = 11  # s_all, d, n_step, end_stage, adaptive, order, safety, qmin, qmax, beta1, beta2
+
+
+@jit
+def erk_solve_saveat(tab, u0, p, save_t, out_u, atol, t0, tf, rtol, dt, max_steps):
+    """`erk_solve` for the common case (no doses, output at ``save_t``, no dense output).
+
+    ``tab`` packs the tableau and the controller (``ERK_TAB_HEAD`` numbers, then A, b, e, c, P
+    row-major); every scratch buffer is allocated here. ``save_t`` is checked here (sorted,
+    finite, inside ``[t0, tf]``): status -1 when it is not (nothing is solved).
+
+    Returns
+    -------
+    (status, t_end, nfev, n_accepted, n_rejected, n_saved)
+    """
+    ns = save_t.shape[0]
+    for i in range(ns):
+        if not (save_t[i] >= t0 and save_t[i] <= tf) or (i > 0 and save_t[i] < save_t[i - 1]):
+            return -1, t0, 0, 0, 0, 0
+    s_all = int(tab[0])
+    d = int(tab[1])
+    o = ERK_TAB_HEAD
+    A = tab[o:o + s_all * s_all].reshape((s_all, s_all))
+    o += s_all * s_all
+    b = tab[o:o + s_all]
+    e = tab[o + s_all:o + 2 * s_all]
+    c = tab[o + 2 * s_all:o + 3 * s_all]
+    o += 3 * s_all
+    P = tab[o:o + s_all * d].reshape((s_all, d))
+    n = u0.shape[0]
+    fbuf = np.zeros(max(WS_SIZE, 1) + (s_all + 7) * n + 4)  # (+ n: a 5th work row)
+    ws = fbuf[:max(WS_SIZE, 1)]
+    o = ws.shape[0]
+    K = fbuf[o:o + s_all * n].reshape((s_all, n))
+    o += s_all * n
+    W = fbuf[o:o + 4 * n].reshape((4, n))
+    o += 4 * n
+    seg_rate = fbuf[o:o + n].reshape((1, n))
+    o += n
+    d_u = fbuf[o:o + n].reshape((1, n))
+    o += n
+    stops = fbuf[o:o + 2]
+    stops[0] = t0
+    stops[1] = tf
+    d_t = fbuf[o + 2:o + 3]
+    none_f = fbuf[o + 3:o + 3]
+    ibuf = np.zeros(4, dtype=np.int64)
+    none_i = ibuf[:0]
+    stats = ibuf[:4]
+    d_k = K[:0].reshape((0, s_all, n))
+    d_have = np.zeros(0, dtype=np.int8)
+    status, t_end = erk_solve(A, b, e, c, P, int(tab[2]), int(tab[3]), tab[4] != 0.0,
+                              int(tab[5]), u0, p, ws, stops, seg_rate, none_i, none_i, none_f,
+                              False, save_t, none_f, out_u, rtol, atol, dt, max_steps,
+                              tab[6], tab[7], tab[8], tab[9], tab[10],
+                              False, d_t, d_u, d_k, d_have, none_i, K, W, stats)
+    return status, t_end, stats[0], stats[1], stats[2], stats[3]
 
 
 @jit

@@ -43,7 +43,7 @@ def test_status_codes_agree():
     (dict(max_steps=0), ValueError, "`max_steps` must be a positive int, got 0"),
     (dict(max_steps=10.0), ValueError, "`max_steps` must be a positive int, got 10.0"),
     (dict(max_steps=True), ValueError, "`max_steps` must be a positive int"),
-    (dict(dense="yes"), TypeError, "`dense` must be True or False, got 'yes'"),
+    (dict(dense="yes"), TypeError, "`dense` must be None, True or False, got 'yes'"),
     (dict(saveat=-1.0), ValueError, "`saveat` as a number is the spacing of saved times and "
                                     "must be > 0, got -1.0"),
     (dict(saveat=[0.0, 2.5]), ValueError,

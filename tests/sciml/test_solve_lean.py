@@ -1,0 +1,107 @@
+"""`sciml.solve`'s lean path (one plain problem, saveat as an array) and lazy dense output."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from sciml.problem import ODEProblem
+from sciml.solution import SolveWarning
+from sciml.solve import solve
+from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
+
+from . import handmade as hm
+
+LV_P = np.array([1.5, 1.0, 3.0, 1.0])
+
+
+def lv_prob(tspan=(0.0, 10.0)):
+    return ODEProblem(hm.lotka_volterra(), [1.0, 1.0], tspan, LV_P.copy())
+
+
+@pytest.mark.parametrize("cls", [Tsit5, DP5, BS3, Vern7], ids=lambda c: c.__name__)
+def test_lean_path_agrees_with_the_general_loop(cls):
+    prob = lv_prob()
+    t = np.linspace(0, 10, 41)
+    lean = solve(prob, cls(), rtol=1e-8, atol=1e-8, saveat=t)  # ndarray: lean path
+    full = solve(prob, cls(), rtol=1e-8, atol=1e-8, saveat=list(t), dense=True)  # general
+    assert lean.stats == full.stats
+    np.testing.assert_array_equal(lean.t, t)
+    np.testing.assert_allclose(lean.u, full.u, rtol=1e-12, atol=1e-12)
+    assert lean.t is not t  # a copy
+
+
+@pytest.mark.parametrize("cls", [RK4, Euler], ids=lambda c: c.__name__)
+def test_lean_path_fixed_step(cls):
+    prob = lv_prob(tspan=(0.0, 1.0))
+    t = np.linspace(0, 1, 11)
+    lean = solve(prob, cls(), dt=0.01, saveat=t)
+    full = solve(prob, cls(), dt=0.01, saveat=list(t))
+    assert lean.stats == full.stats
+    np.testing.assert_allclose(lean.u, full.u, rtol=1e-12, atol=1e-12)
+
+
+def test_dense_default_follows_saveat():
+    prob = lv_prob()
+    t = np.linspace(0, 10, 21)
+    sol = solve(prob, Tsit5(), saveat=t)
+    assert sol._dense is None  # nothing stored per step during the solve
+    ref = solve(prob, Tsit5(), saveat=t, dense=True)
+    assert ref._dense is not None
+    tq = np.linspace(0, 10, 137)
+    np.testing.assert_array_equal(sol(tq), ref(tq))  # the same steps, re-run once
+    assert sol._dense is not None
+    assert solve(prob, Tsit5())._dense is not None  # saveat None: stored
+    with pytest.raises(ValueError, match="no dense output"):
+        solve(prob, Tsit5(), saveat=t, dense=False)(1.0)
+
+
+def test_lazy_dense_uses_the_inputs_of_the_solve():
+    prob = lv_prob()
+    t = np.linspace(0, 10, 21)
+    sol = solve(prob, Tsit5(), saveat=t)
+    ref = solve(prob, Tsit5(), saveat=t, dense=True)(np.linspace(0, 10, 7))
+    prob.params[:] = 2.0  # changed after the solve: must not leak into sol(t)
+    prob.u0[:] = 3.0
+    np.testing.assert_array_equal(sol(np.linspace(0, 10, 7)), ref)
+
+
+def test_lazy_dense_of_a_general_path_solve():
+    # saveat as a list (general path), Vern7 (extra interpolant stages)
+    prob = lv_prob()
+    sol = solve(prob, Vern7(), rtol=1e-9, atol=1e-9, saveat=[1.0, 5.0])
+    ref = solve(prob, Vern7(), rtol=1e-9, atol=1e-9, saveat=[1.0, 5.0], dense=True)
+    tq = np.linspace(0, 10, 51)
+    np.testing.assert_array_equal(sol(tq), ref(tq))
+
+
+@pytest.mark.parametrize("saveat, message", [
+    (np.array([0.0, 12.0]), "`saveat` times must lie in tspan"),
+    (np.array([0.0, 2.0, 1.0]), "`saveat` must be sorted"),
+    (np.array([0.0, np.nan]), "`saveat` contains NaN or Inf"),
+])
+def test_lean_path_saveat_errors(saveat, message):
+    with pytest.raises(ValueError, match=message):
+        solve(lv_prob(), Tsit5(), saveat=saveat)
+
+
+def test_lean_path_partial_solution_warns():
+    prob = lv_prob()
+    t = np.linspace(0, 10, 11)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        sol = solve(prob, Tsit5(), saveat=t, max_steps=5)
+    assert any(issubclass(x.category, SolveWarning) for x in w)
+    assert sol.status == "max_steps" and 0 < len(sol) < 11
+    assert sol.u.shape == (len(sol), 2) and np.all(sol.t <= sol.t_end)
+    sol(sol.t_end)  # lazy dense output of the partial solve
+
+
+def test_changed_solver_settings_repack():
+    s = Tsit5()
+    t = np.linspace(0, 10, 11)
+    a = solve(lv_prob(), s, saveat=t)
+    s.safety = 0.5  # a setting changed after a solve: the packed tableau is rebuilt
+    b = solve(lv_prob(), s, saveat=t)
+    c = solve(lv_prob(), Tsit5(safety=0.5), saveat=t)
+    assert a.stats != b.stats and b.stats == c.stats
