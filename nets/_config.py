@@ -7,6 +7,7 @@ non-finite checks still work inside kernels.
 """
 
 import numba
+import numpy as np
 
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
@@ -24,3 +25,26 @@ def jit(*args, **kwargs):
 def pjit(*args, **kwargs):
     """Like `jit` but with `parallel=True`, for the threaded kernels."""
     return jit(*args, parallel=True, **kwargs)
+
+
+class Threads:
+    """Context manager: run numba's parallel regions on `n` threads (all cores if None).
+
+    Checks `n` (the user's ``threads=`` argument) and restores the previous
+    count on exit; `n` is capped at numba's thread pool size.
+    """
+
+    def __init__(self, n):
+        if n is None:
+            n = numba.config.NUMBA_NUM_THREADS
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"`threads` must be a positive int or None, got {n!r}")
+        self.n = min(int(n), numba.config.NUMBA_NUM_THREADS)
+
+    def __enter__(self):
+        self.prev = numba.get_num_threads()
+        numba.set_num_threads(self.n)
+        return self.n
+
+    def __exit__(self, *exc):
+        numba.set_num_threads(self.prev)

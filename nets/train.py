@@ -13,6 +13,7 @@ import numba
 import numpy as np
 
 from ._checks import as_float_array, check_finite, check_params
+from ._config import Threads
 from .chain import Chain
 from .losses import SquaredLoss, check_loss
 from .optim import LBFGS, Adam, Optimizer
@@ -22,25 +23,6 @@ _NO_ROWS = np.zeros(0, dtype=np.int64)
 
 def default_threads():
     return numba.config.NUMBA_NUM_THREADS
-
-
-class _Threads:
-    """Context manager: run numba's parallel regions on `n` threads."""
-
-    def __init__(self, n):
-        if n is None:
-            n = default_threads()
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"`threads` must be a positive int or None, got {n!r}")
-        self.n = min(int(n), numba.config.NUMBA_NUM_THREADS)
-
-    def __enter__(self):
-        self.prev = numba.get_num_threads()
-        numba.set_num_threads(self.n)
-        return self.n
-
-    def __exit__(self, *exc):
-        numba.set_num_threads(self.prev)
 
 
 class _Buffers:
@@ -101,7 +83,7 @@ def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None):
     loss, XT, TT = _prepare(chain, p, X, Y, loss)
     k = chain._kernels
     n = XT.shape[1]
-    with _Threads(threads) as nt:
+    with Threads(threads) as nt:
         buf = _Buffers(chain, p.dtype, nt)
         val = k["loss_grad"](chain.meta, p, XT, TT, _NO_ROWS, False, 0, n, loss.code,
                              _scale(loss, n, chain.n_out), buf.g, buf.G, buf.BUF, nt, True)
@@ -182,7 +164,7 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
 
     out = []
     try:
-        with _Threads(threads) as nt:
+        with Threads(threads) as nt:
             if iters is not None:
                 rows = _NO_ROWS
                 buf = _Buffers(chain, p.dtype, nt)

@@ -1,5 +1,5 @@
 """numba options for sciml's compiled code (generated modules import this)."""
 
-from nets._config import jit, pjit  # one place for numba options, shared with nets
+from nets._config import Threads, jit, pjit  # one place for numba options, shared with nets
 
-__all__ = ["jit", "pjit"]
+__all__ = ["jit", "pjit", "Threads"]

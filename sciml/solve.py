@@ -11,9 +11,9 @@ import math
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 
+from ._jit import Threads
 from .problem import ODEProblem
 from .solution import Solution, SolveWarning
 from .solvers.base import STATUS_TEXT, SUCCESS, Solver
@@ -103,7 +103,7 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
     saveats = [_saveat_times(saveat, p.tspan) for p in probs]
     store = bool(dense) if dense is not None else saveat is None
     lazy = dense is None and not store
-    threads = _Threads(threads)  # checked for one problem too
+    threads = Threads(threads)  # checked for one problem too
     if not many:
         raw = solver._run(probs[0], saveats[0], rtol, atols[0], dt, max_steps, store)
         redo = _Redo((solver, probs[0], probs[0].u0.copy(), saveats[0], rtol, atols[0], dt,
@@ -174,25 +174,6 @@ def _warn_if_failed(sol, index):
 
 
 # ---------------------------------------------------------------- many problems
-
-
-class _Threads:
-    """Run numba's parallel regions on `n` threads (all by default)."""
-
-    def __init__(self, n):
-        if n is None:
-            n = numba.config.NUMBA_NUM_THREADS
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"`threads` must be a positive int or None, got {n!r}")
-        self.n = min(int(n), numba.config.NUMBA_NUM_THREADS)
-
-    def __enter__(self):
-        self.prev = numba.get_num_threads()
-        numba.set_num_threads(self.n)
-        return self.n
-
-    def __exit__(self, *exc):
-        numba.set_num_threads(self.prev)
 
 
 def _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, dense, threads):
