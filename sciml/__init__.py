@@ -6,15 +6,18 @@ initial state, time span, parameters and doses; `solve` integrates it with
 one of the solvers (`Tsit5` by default) in one compiled loop.
 """
 
+from ._trace import ModelError
 from .model import Model, NeuralODE
 from .problem import Bolus, Infusion, ODEProblem
 from .solution import Solution, SolveWarning
 from .solve import solve
 from .solvers import Solver
-from .solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
+from .solvers.erk import BS3, DP5, RK4, Euler, ExplicitRK, Tsit5, Vern7
 from .solvers.rosenbrock import Rodas5
+from .solvers.tableaus import ButcherTableau
 
 __all__ = [
     "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "solve", "Solution",
     "SolveWarning", "Solver", "Tsit5", "DP5", "BS3", "Vern7", "RK4", "Euler", "Rodas5",
+    "ModelError", "ExplicitRK", "ButcherTableau",
 ]
