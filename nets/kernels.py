@@ -52,25 +52,27 @@ def pjit(*a, **k):
 # ---------------------------------------------------------------- layout
 
 
-@jit
-def chunk_size(meta):
-    """Length of one chunk's workspace row, padded to 64 bytes."""
+@jit(inline="always")
+def _widths(meta):
+    """(n_in + 2 * sum of layer widths, widest row): the two sizes every layout uses."""
     n = meta[0, IN]
     w = meta[0, IN]
     for l in range(meta.shape[0]):
         n += 2 * meta[l, OUT]
         w = max(w, meta[l, OUT])
-    n = B * (n + 2 * w)
-    return (n + 15) // 16 * 16
+    return n, w
+
+
+@jit
+def chunk_size(meta):
+    """Length of one chunk's workspace row, padded to 64 bytes."""
+    n, w = _widths(meta)
+    return (B * (n + 2 * w) + 15) // 16 * 16
 
 
 @jit(inline="always")
 def _delta_offsets(meta):
-    n = meta[0, IN]
-    w = meta[0, IN]
-    for l in range(meta.shape[0]):
-        n += 2 * meta[l, OUT]
-        w = max(w, meta[l, OUT])
+    n, w = _widths(meta)
     return n * B, (n + w) * B
 
 
@@ -424,23 +426,8 @@ def jacobian(meta, p, X, J, buf):
 @jit
 def sample_size(meta):
     """Length of the scratch vector of the one-sample kernels."""
-    n_in = meta[0, IN]
-    n = n_in
-    w = n_in
-    for l in range(meta.shape[0]):
-        n += 2 * meta[l, OUT]
-        w = max(w, meta[l, OUT])
-    return n + 2 * w + 2 * w * n_in
-
-
-@jit(inline="always")
-def _sample_offsets(meta):
-    n = meta[0, IN]
-    w = meta[0, IN]
-    for l in range(meta.shape[0]):
-        n += 2 * meta[l, OUT]
-        w = max(w, meta[l, OUT])
-    return n, w
+    n, w = _widths(meta)
+    return n + 2 * w + 2 * w * meta[0, IN]
 
 
 @jit
@@ -491,7 +478,7 @@ def vjp1(meta, p, x, v, xbar, pbar, buf):
     for i in range(meta[0, IN]):
         buf[i] = x[i]
     _forward1_layers(meta, p, buf, True)
-    off, w = _sample_offsets(meta)
+    off, w = _widths(meta)
     go = off
     gi = off + w
     for o in range(meta[-1, OUT]):
@@ -529,7 +516,7 @@ def jacobian1(meta, p, x, J, buf):
     for i in range(n0):
         buf[i] = x[i]
     _forward1_layers(meta, p, buf, True)
-    off, w = _sample_offsets(meta)
+    off, w = _widths(meta)
     ta = off + 2 * w
     tb = ta + w * n0
     for i in range(n0):

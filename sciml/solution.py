@@ -56,16 +56,7 @@ class Solution:
     def _make(cls, prob, solver, t, u, status, t_end, stats, params, redo):
         """The lean constructor of `sciml.solve`'s fast path (no dense data yet)."""
         self = cls.__new__(cls)
-        self.prob = prob
-        self.solver = solver
-        self.t = t
-        self.u = u
-        self.status_code = status
-        self.t_end = t_end
-        self.stats = stats
-        self._params = params
-        if redo is not None:
-            self._redo = redo
+        self._set(prob, solver, t, u, status, t_end, stats, None, params, redo)
         return self
 
     def _set(self, prob, solver, t, u, status, t_end, stats, dense, params, redo):
