@@ -19,7 +19,6 @@ dispatcher (`with_activation`): one set of kernels, never a hand-copied twin.
 import math
 from pathlib import Path
 
-import numpy as np
 from numba import prange
 
 from ._config import jit as _jit
@@ -767,4 +766,4 @@ def with_activation(activate):
 
 __all__ = ["chunk_size", "forward", "vjp", "jacobian", "sample_size", "forward1", "vjp1",
            "jacobian1", "loss_grad", "train_steps",
-           "optimizer_step", "penalty", "forward_layers", "backward_layers", "np"]
+           "optimizer_step", "penalty", "forward_layers", "backward_layers"]

@@ -15,6 +15,7 @@ from sciml.solve import solve
 from sciml.solvers.erk import DP5, RK4, Tsit5, Vern7
 
 from . import handmade as hm
+from . import model_zoo as zoo
 from .test_doses import KA, KE, V, bolus_depot, infusion
 
 
@@ -28,12 +29,6 @@ def reference(prob, t):
 def lv(u, p, t, nets):
     x, y = u
     return [p.alpha * x - p.beta * x * y, p.delta * x * y - p.gamma * y]
-
-
-def ude(u, p, t, nets):
-    x, y = u
-    z = nets.U(u)
-    return [p.alpha * x + z[0], -p.delta * y + z[1]]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +52,7 @@ def test_lotka_volterra_model(lv_model):
 
 def test_ude_and_neural_ode():
     U = Chain(2, Dense(5, "rbf"), Dense(5, "rbf"), Dense(2))
-    model = Model(ude, states=["x", "y"], params=["alpha", "delta"], nets={"U": U})
+    model = Model(zoo.lv_ude, states=["x", "y"], params=["alpha", "delta"], nets={"U": U})
     theta = model.init_params(seed=1, alpha=1.3, delta=1.8)
     node = NeuralODE(Chain(2, Dense(16, "tanh"), Dense(2)))
     for m, th, u0 in ((model, theta, [0.44, 4.63]), (node, node.init_params(seed=2),
