@@ -1,0 +1,26 @@
+"""adjoints: gradients of losses on ODE solutions, on the models' compiled vjp kernels.
+
+Every method is a settings object passed as ``sensealg=`` to
+`sciml.loss_and_grad` / `sciml.fit`:
+
+- `InterpolatingAdjoint` - backward [lambda, mu], u from the forward dense output;
+- `BacksolveAdjoint` - backward [u, lambda, mu] (O(1) memory; checkpointed by default);
+- `GaussAdjoint` - backward lambda, mu by Gauss-Legendre quadrature per step;
+- `QuadratureAdjoint` - backward lambda, mu by adaptive Gauss-Kronrod quadrature;
+- `ForwardSensitivity` - forward sensitivity equations (few parameters);
+- `DiscreteAdjoint` - reverse mode through the solver's steps (exact discrete gradient).
+
+`default_sensealg` documents the automatic choice.
+"""
+
+from .auto import default_sensealg
+from .base import SensitivityAlgorithm, SolveFailed
+from .continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
+from .discrete import DiscreteAdjoint
+from .forward import ForwardSensitivity
+
+__all__ = [
+    "SensitivityAlgorithm", "InterpolatingAdjoint", "BacksolveAdjoint", "GaussAdjoint",
+    "QuadratureAdjoint", "ForwardSensitivity", "DiscreteAdjoint", "default_sensealg",
+    "SolveFailed",
+]

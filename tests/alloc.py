@@ -36,3 +36,20 @@ def allocations_in(kernel, args, n=20):
     a2 = allocs()
     unboxing = sum(isinstance(a, np.ndarray) for a in args)
     return (a1 - a0) - unboxing, ((a2 - a1) - (a1 - a0)) / n
+
+
+class Spy:
+    """Replaces a module kernel for one call, keeping its arguments (for `allocations_in`).
+
+    Use with pytest's ``monkeypatch``: the kernel is restored after the test.
+    """
+
+    def __init__(self, module, name, monkeypatch):
+        kernel = getattr(module, name)
+        self.kernel = kernel.kernel if isinstance(kernel, Spy) else kernel
+        self.args = None
+        monkeypatch.setattr(module, name, self)
+
+    def __call__(self, *args):
+        self.args = args
+        return self.kernel(*args)

@@ -9,7 +9,7 @@ from sciml.problem import Bolus, Infusion, ODEProblem
 from sciml.solve import solve
 from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
 
-from ..alloc import allocations_in, needs_jit
+from ..alloc import Spy, allocations_in, needs_jit
 from . import handmade as hm
 
 ADAPTIVE = [Tsit5, DP5, BS3, Vern7]
@@ -201,20 +201,6 @@ def test_ensemble_storage_grows(rng):
 
 
 # ---------------------------------------------------------------- allocation
-
-class Spy:
-    """Replaces a module kernel for one call, keeping its arguments."""
-
-    def __init__(self, module, name, monkeypatch):
-        kernel = getattr(module, name)
-        self.kernel = kernel.kernel if isinstance(kernel, Spy) else kernel
-        self.args = None
-        monkeypatch.setattr(module, name, self)
-
-    def __call__(self, *args):
-        self.args = args
-        return self.kernel(*args)
-
 
 @needs_jit
 def test_measurement_sees_allocations(nrt_stats):

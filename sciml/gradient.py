@@ -1,0 +1,199 @@
+"""`sciml.loss_and_grad`: a loss on observations and its gradient over the flat parameters.
+
+One (problem, data) pair runs: the method's forward pass (states at the
+observation times), the loss there (and through the observables), the
+loss's gradient as jumps of the adjoint, the method's backward pass. A list
+of pairs runs in parallel threads (the compiled loops release the GIL), each
+with its own workspace, and the results are summed in list order, so the
+answer does not depend on the thread count.
+"""
+
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+import adjoints  # attributes read at call time: `adjoints` imports sciml's core
+
+from ._jit import Threads
+from .data import Data
+from .losses import SSE, Loss
+from .problem import ODEProblem
+from .solution import SolveWarning
+from .solve import _check_atol, _check_max_steps, _check_rtol
+from .solvers import common
+from .solvers.erk import ExplicitRK, Tsit5
+
+__all__ = ["loss_and_grad", "loss_value"]
+
+
+def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, atol=1e-6,
+                  params=None, threads=None, max_steps=100_000, dt=None):
+    """The loss of the solution(s) against data and its gradient over the flat parameters.
+
+    Parameters
+    ----------
+    prob : ODEProblem or list of ODEProblem
+        A list (subjects, initial conditions) shares the parameter vector;
+        the value and gradient are sums over it, computed in parallel threads.
+    data : Data or list of Data
+        Observations, one `Data` per problem; times inside the problem's tspan.
+    loss : sciml.losses.Loss, optional
+        `SSE()` (default) or `GaussianNLL(sigma=...)`.
+    solver : ExplicitRK, optional
+        Tsit5() by default.
+    sensealg : adjoints.SensitivityAlgorithm, optional
+        How the gradient is computed; default `adjoints.default_sensealg`
+        (forward sensitivities for <= 16 parameters, else GaussAdjoint).
+    rtol, atol : float
+        Tolerances of the forward solve (and, unless the method sets its
+        own, of the sensitivity solve).
+    params : array_like, optional
+        Flat parameters to use instead of each problem's ``params``.
+    threads : int, optional
+        Threads for a list of problems (default: numba's thread count).
+    max_steps : int
+        Step limit of each solve.
+    dt : float, optional
+        The step of a fixed-step solver (RK4, Euler: with DiscreteAdjoint).
+
+    Returns
+    -------
+    value : float
+    grad : ndarray (n_params,)
+        If a forward or backward solve fails (parameters for which the ODE
+        blows up, say), a `SolveWarning` is issued and ``(inf, nan...)`` is
+        returned, which optimisers treat as a failed step.
+    """
+    jobs, loss, sensealg, nt = _prepare(prob, data, loss, solver, sensealg, rtol, atol, params,
+                                        threads, max_steps, dt)
+    if len(jobs) == 1 or nt == 1:
+        results = [_one(job, d, loss, sensealg) for job, d in jobs]
+    else:
+        with Threads(1), ThreadPoolExecutor(nt) as ex:
+            results = list(ex.map(lambda jd: _one(jd[0], jd[1], loss, sensealg), jobs))
+    value = 0.0
+    grad = np.zeros(jobs[0][0].n_params)
+    for i, (v, g) in enumerate(results):  # fixed order: same sum for any thread count
+        if isinstance(v, str):
+            warnings.warn(f"loss_and_grad: problem {i}: {v}; returning an infinite loss",
+                          SolveWarning, stacklevel=2)
+            return np.inf, np.full_like(grad, np.nan)
+        value += v
+        grad += g
+    return value, grad
+
+
+def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=None,
+               max_steps=100_000, dt=None):
+    """The loss alone (no gradient): one forward solve per problem."""
+    jobs, loss, _, _ = _prepare(prob, data, loss, solver, adjoints.DiscreteAdjoint(), rtol,
+                                atol, params, 1, max_steps, dt)
+    total = 0.0
+    for job, d in jobs:
+        fw = adjoints._forward.forward_problem(job, job.obs_t, dense=False)
+        if fw.status != 0:
+            return np.inf
+        total += _loss(job, d, loss, fw.u)[0]
+    return total
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt):
+    many = isinstance(prob, (list, tuple))
+    probs = list(prob) if many else [prob]
+    datas = list(data) if isinstance(data, (list, tuple)) else [data]
+    if not probs:
+        raise ValueError("loss_and_grad: `prob` is an empty list")
+    if len(datas) != len(probs):
+        raise ValueError(f"loss_and_grad: {len(probs)} problem(s) but {len(datas)} Data: give "
+                         "one Data per problem")
+    for i, (p, d) in enumerate(zip(probs, datas)):
+        where = f"[{i}]" if many else ""
+        if not isinstance(p, ODEProblem):
+            raise TypeError(f"loss_and_grad: `prob{where}` must be a sciml.ODEProblem, got "
+                            f"{type(p).__name__}")
+        if not isinstance(d, Data):
+            raise TypeError(f"loss_and_grad: `data{where}` must be a sciml.Data, got "
+                            f"{type(d).__name__}")
+        d.check_span(p.tspan, where=f"loss_and_grad: data{where}")
+    model = probs[0].model
+    for i, p in enumerate(probs):
+        if p.model.n_params != model.n_params:
+            raise ValueError(f"loss_and_grad: problems must share one parameter vector; prob[{i}]"
+                             f" has {p.model.n_params} parameters, prob[0] {model.n_params}")
+    loss = SSE() if loss is None else loss
+    if not isinstance(loss, Loss):
+        raise TypeError(f"loss_and_grad: `loss` must be a sciml loss (SSE(), GaussianNLL(...)), "
+                        f"got {type(loss).__name__}")
+    solver = Tsit5() if solver is None else solver
+    if not isinstance(solver, ExplicitRK):
+        name = getattr(solver, "name", type(solver).__name__)
+        raise ValueError(f"loss_and_grad: gradients need an explicit Runge-Kutta solver (Tsit5, "
+                         f"DP5, BS3, Vern7, RK4, Euler); got {name} (stiff Rodas5 gradients are "
+                         "not supported yet)")
+    if sensealg is None:
+        sensealg = adjoints.default_sensealg(model, solver)
+    if not isinstance(sensealg, adjoints.SensitivityAlgorithm):
+        raise TypeError(f"loss_and_grad: `sensealg` must be an adjoints method (e.g. "
+                        f"adjoints.GaussAdjoint()), got {sensealg!r}")
+    sensealg.check_solver(solver)
+    if not solver.adaptive:
+        if dt is None or isinstance(dt, bool) or not isinstance(dt, (int, float)) or dt <= 0:
+            raise ValueError(f"loss_and_grad: the fixed-step {solver.name} needs `dt` > 0, got "
+                             f"{dt!r}")
+    rtol = _check_rtol(rtol)
+    max_steps = _check_max_steps(max_steps)
+    theta = None
+    if params is not None:
+        theta = np.asarray(params, dtype=np.float64)
+        if theta.shape != (model.n_params,):
+            raise ValueError(f"loss_and_grad: `params` must have length {model.n_params} "
+                             f"(model.n_params), got shape {theta.shape}")
+        if not np.all(np.isfinite(theta)):
+            raise ValueError("loss_and_grad: `params` contains NaN or Inf")
+    jobs = []
+    for p, d in zip(probs, datas):
+        d.columns(p.model)  # a clear error for unknown names, before any solve
+        jobs.append((adjoints._forward.Job(
+            p.model, p.u0, p.params if theta is None else theta, common.schedule(p), solver,
+            rtol, _check_atol(atol, p.model.n_states), None if dt is None else float(dt),
+            max_steps, d.t, p.model.workspace()), d))
+    nt = Threads(threads).n
+    return jobs, loss, sensealg, min(nt, len(jobs))
+
+
+def _loss(job, data, loss, U):
+    """Loss value, its gradient as adjoint jumps G (T, n), and direct parameter gradient."""
+    cols = data.columns(job.model)
+    T, n = U.shape
+    if data.kind == "states":
+        value, ybar, pdir = loss(U[:, cols], data, job.p, job.model)
+        G = np.zeros((T, n))
+        G[:, cols] = ybar
+        return value, G, pdir
+    mod = job.model.module
+    Y = np.zeros((T, job.model.n_obs))
+    mod.com_observe(Y, job.obs_t, U, job.p, job.ws)
+    value, ybar, pdir = loss(Y[:, cols], data, job.p, job.model)
+    Ybar = np.zeros_like(Y)
+    Ybar[:, cols] = ybar
+    G = np.zeros((T, n))
+    pobs = np.zeros(job.n_params)
+    mod.adj_obs_jumps(G, pobs, Ybar, np.ascontiguousarray(U), job.obs_t, job.p, job.ws,
+                      np.zeros(n))
+    return value, G, pobs if pdir is None else pobs + pdir
+
+
+def _one(job, data, loss, sensealg):
+    try:
+        state = sensealg.forward(job)
+        value, G, pdir = _loss(job, data, loss, state.u)
+        grad, _ = sensealg.backward(job, state, G)
+    except adjoints.SolveFailed as e:
+        return str(e), None
+    if pdir is not None:
+        grad = grad + pdir
+    return value, grad

@@ -1,0 +1,246 @@
+"""Gradients from every sensitivity method against finite differences and against each other.
+
+Three models: the spiral neural ODE, the Lotka-Volterra UDE, and a PK model
+observed through an observable with a repeated bolus, a second bolus into
+another state and an infusion. The reference is a central difference of the
+loss with solves at rtol = atol = 1e-12; the methods run at 1e-10.
+"""
+
+import numpy as np
+import pytest
+
+import adjoints
+import sciml
+
+from ..alloc import Spy, allocations_in, needs_jit
+from . import model_zoo as mz
+
+METHODS = {
+    "discrete": adjoints.DiscreteAdjoint(),
+    "interp": adjoints.InterpolatingAdjoint(),
+    "interp_ckpt": adjoints.InterpolatingAdjoint(checkpointing=True),
+    "backsolve": adjoints.BacksolveAdjoint(),
+    "gauss": adjoints.GaussAdjoint(),
+    "quad": adjoints.QuadratureAdjoint(),
+    "forward": adjoints.ForwardSensitivity(),
+}
+
+
+def _spiral():
+    case = mz.case_spiral(np.random.default_rng(3))
+    t = np.linspace(0.0, 1.5, 12)
+    prob = sciml.ODEProblem(case.model, [2.0, 0.0], (0.0, 1.5), case.theta)
+    y = sciml.solve(prob, rtol=1e-10, atol=1e-10, saveat=t).u
+    return prob, sciml.Data(t, 0.9 * y + 0.05)
+
+
+def _ude():
+    case = mz.case_ude(np.random.default_rng(4))
+    t = np.linspace(0.0, 3.0, 31)
+    prob = sciml.ODEProblem(case.model, [0.44249296, 4.6280594], (0.0, 3.0), case.theta)
+    y = sciml.solve(prob, rtol=1e-10, atol=1e-10, saveat=t).u
+    y[::3, 1] = np.nan  # missing values: masked out
+    return prob, sciml.Data(t, 1.1 * y)
+
+
+def _pk():
+    case = mz.case_pk(np.random.default_rng(5))
+    doses = [sciml.Bolus(0.0, 200.0, "depot", every=6.0, count=3),
+             sciml.Infusion(start=3.0, duration=2.0, rate=40.0, state="central"),
+             sciml.Bolus(7.5, 50.0, "central")]
+    prob = sciml.ODEProblem(case.model, [0.0, 0.0, 0.0], (0.0, 16.0), case.theta, doses=doses)
+    t = np.array([0.5, 1, 2, 3, 4, 5, 6, 7, 7.5, 9, 12, 15, 16.0])  # 6, 7.5: dose times
+    conc = sciml.solve(prob, rtol=1e-10, atol=1e-10, saveat=t).observables["conc"]
+    return prob, sciml.Data(t, 1.1 * conc + 0.1, observables=["conc"])
+
+
+CASES = {"spiral": _spiral, "ude": _ude, "pk": _pk}
+
+
+def _fd(prob, data, idx, loss=None):
+    theta = prob.params
+    out = []
+    for i in idx:
+        h = 1e-6 * max(abs(theta[i]), 1e-2)
+        e = np.zeros_like(theta)
+        e[i] = h
+        f = [sciml.loss_value(prob, data, loss=loss, params=theta + s * e, rtol=1e-12,
+                              atol=1e-12) for s in (1, -1)]
+        out.append((f[0] - f[1]) / (2 * h))
+    return np.array(out)
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request):
+    prob, data = CASES[request.param]()
+    n = prob.model.n_params
+    idx = np.unique(np.linspace(0, n - 1, min(n, 6)).astype(int))
+    return request.param, prob, data, idx, _fd(prob, data, idx)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_gradient_matches_finite_differences(case, method):
+    name, prob, data, idx, fd = case
+    value, grad = sciml.loss_and_grad(prob, data, sensealg=METHODS[method], rtol=1e-10,
+                                      atol=1e-10)
+    # (forward sensitivities take their own steps: the value agrees to the tolerance)
+    assert value == pytest.approx(sciml.loss_value(prob, data, rtol=1e-10, atol=1e-10),
+                                  rel=1e-12 if method != "forward" else 1e-8)
+    assert grad.shape == (prob.model.n_params,)
+    scale = np.max(np.abs(fd))
+    np.testing.assert_allclose(grad[idx], fd, rtol=2e-5, atol=2e-5 * scale)
+
+
+def test_methods_agree_on_every_parameter(case):
+    name, prob, data, idx, fd = case
+    grads = {k: sciml.loss_and_grad(prob, data, sensealg=m, rtol=1e-10, atol=1e-10)[1]
+             for k, m in METHODS.items()}
+    ref = grads["interp"]
+    for k, g in grads.items():
+        np.testing.assert_allclose(g, ref, rtol=1e-5, atol=1e-6 * np.max(np.abs(ref)),
+                                   err_msg=k)
+
+
+def test_backsolve_without_checkpoints_drifts_but_converges():
+    prob, data = _pk()
+    ref = sciml.loss_and_grad(prob, data, sensealg=adjoints.InterpolatingAdjoint(), rtol=1e-10,
+                              atol=1e-10)[1]
+    g = sciml.loss_and_grad(prob, data, sensealg=adjoints.BacksolveAdjoint(checkpointing=False),
+                            rtol=1e-10, atol=1e-10)[1]
+    np.testing.assert_allclose(g, ref, rtol=1e-3)
+
+
+def test_discrete_adjoint_is_exact_for_the_fixed_step_solution():
+    # RK4 at a fixed step: the discrete adjoint is the derivative of exactly what the solver
+    # computes, so it matches finite differences of the same fixed-step solution to rounding.
+    prob, data = _spiral()
+    kw = dict(solver=sciml.RK4(adaptive=False), dt=0.05)
+    _, g = sciml.loss_and_grad(prob, data, sensealg=adjoints.DiscreteAdjoint(), **kw)
+    theta = prob.params
+    for i in (0, 77, 250):
+        e = np.zeros_like(theta)
+        e[i] = 1e-6
+        fd = (sciml.loss_value(prob, data, params=theta + e, **kw)
+              - sciml.loss_value(prob, data, params=theta - e, **kw)) / 2e-6
+        assert g[i] == pytest.approx(fd, rel=1e-7, abs=1e-9)
+
+
+def test_gaussian_nll_fits_sigma_too():
+    model = mz.sm.Model(lambda u, p, t: [-p.k * u[0]], ["x"], ["k", "sigma"])
+    prob = sciml.ODEProblem(model, [2.0], (0.0, 3.0), [0.7, 0.3])
+    t = np.linspace(0.2, 3.0, 8)
+    data = sciml.Data(t, 2.0 * np.exp(-0.6 * t) + 0.05 * np.sin(7 * t))
+    for loss in (sciml.GaussianNLL("sigma"), sciml.GaussianNLL("sigma", log=True)):
+        v, g = sciml.loss_and_grad(prob, data, loss=loss, rtol=1e-10, atol=1e-10)
+        fd = _fd(prob, data, [0, 1], loss=loss)
+        np.testing.assert_allclose(g, fd, rtol=1e-5)
+    sig = 0.3
+    r = sciml.solve(prob, rtol=1e-12, atol=1e-12, saveat=t).u[:, 0] - data.y[:, 0]
+    expect = np.sum(0.5 * (r / sig) ** 2 + np.log(sig) + 0.5 * np.log(2 * np.pi))
+    assert sciml.loss_value(prob, data, loss=sciml.GaussianNLL("sigma"), rtol=1e-12,
+                            atol=1e-12) == pytest.approx(expect, rel=1e-9)
+
+
+def test_missing_values_are_masked():
+    prob, data = _ude()
+    keep = np.isfinite(data.y[:, 1])
+    t2 = sciml.Data(data.t[keep], data.y[keep])
+    v1, g1 = sciml.loss_and_grad(prob, data, rtol=1e-10, atol=1e-10)
+    v2, g2 = sciml.loss_and_grad(prob, t2, rtol=1e-10, atol=1e-10)
+    v3, g3 = sciml.loss_and_grad(prob, sciml.Data(data.t, data.y[:, 0], states=["x"]),
+                                 rtol=1e-10, atol=1e-10)
+    assert v1 > max(v2, v3) > 0  # fewer observed values, smaller loss
+    fd = _fd(prob, data, [0, 1])
+    np.testing.assert_allclose(g1[:2], fd, rtol=1e-5)
+
+
+def test_many_problems_sum_in_a_fixed_order():
+    prob, data = _pk()
+    probs = [prob.remake(u0=[0.0, 10.0 * i, 0.0]) for i in range(5)]
+    datas = [data] * 5
+    v, g = sciml.loss_and_grad(probs, datas, sensealg=adjoints.GaussAdjoint(), threads=2)
+    v1, g1 = sciml.loss_and_grad(probs, datas, sensealg=adjoints.GaussAdjoint(), threads=1)
+    assert v == v1
+    np.testing.assert_array_equal(g, g1)
+    each = [sciml.loss_and_grad(p, data, sensealg=adjoints.GaussAdjoint()) for p in probs]
+    assert v == pytest.approx(sum(e[0] for e in each), rel=1e-14)
+    np.testing.assert_allclose(g, sum(e[1] for e in each), rtol=1e-13)
+
+
+def test_shared_params_override():
+    prob, data = _spiral()
+    theta = prob.params * 0.9
+    v, g = sciml.loss_and_grad(prob, data, params=theta)
+    v2, g2 = sciml.loss_and_grad(prob.remake(params=theta), data)
+    assert v == v2
+    np.testing.assert_array_equal(g, g2)
+
+
+def test_default_method_follows_the_rule():
+    prob, data = _pk()
+    assert isinstance(adjoints.default_sensealg(prob.model), adjoints.ForwardSensitivity)
+    sp, _ = _spiral()
+    assert isinstance(adjoints.default_sensealg(sp.model), adjoints.GaussAdjoint)
+
+
+def test_a_failed_solve_gives_an_infinite_loss_and_a_warning():
+    prob, data = _spiral()
+    with pytest.warns(sciml.SolveWarning, match="problem 0"):
+        v, g = sciml.loss_and_grad(prob, data, max_steps=3)
+    assert v == np.inf and np.all(np.isnan(g))
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input_gets_clear_errors():
+    prob, data = _spiral()
+    with pytest.raises(ValueError, match="outside the problem's tspan"):
+        sciml.loss_and_grad(prob, sciml.Data([0.5, 2.0], np.ones((2, 2))))
+    with pytest.raises(ValueError, match="strictly increasing.*duplicated"):
+        sciml.Data([0.5, 0.5], np.ones((2, 2)))
+    with pytest.raises(ValueError, match="strictly increasing.*not increasing"):
+        sciml.Data([0.5, 0.2], np.ones((2, 2)))
+    with pytest.raises(ValueError, match="every value of `y` is NaN"):
+        sciml.Data([0.5], [[np.nan, np.nan]])
+    with pytest.raises(ValueError, match="`params` must have length 252"):
+        sciml.loss_and_grad(prob, data, params=np.zeros(3))
+    with pytest.raises(ValueError, match="does not run with Rodas5|explicit Runge-Kutta"):
+        sciml.loss_and_grad(prob, data, solver=sciml.Rodas5())
+    with pytest.raises(ValueError, match="GaussAdjoint needs an adaptive solver"):
+        sciml.loss_and_grad(prob, data, solver=sciml.RK4(), dt=0.1,
+                            sensealg=adjoints.GaussAdjoint())
+    with pytest.raises(ValueError, match="needs `dt`"):
+        sciml.loss_and_grad(prob, data, solver=sciml.RK4(), sensealg=adjoints.DiscreteAdjoint())
+    with pytest.raises(TypeError, match="`sensealg` must be an adjoints method"):
+        sciml.loss_and_grad(prob, data, sensealg="gauss")
+    with pytest.raises(ValueError, match="2 problem\\(s\\) but 1 Data"):
+        sciml.loss_and_grad([prob, prob], [data])
+    with pytest.raises(ValueError, match="unknown states"):
+        sciml.loss_and_grad(prob, sciml.Data(data.t, data.y[:, 0], states=["zz"]))
+    with pytest.raises(ValueError, match="not a mechanistic parameter"):
+        sciml.loss_and_grad(prob, data, loss=sciml.GaussianNLL("sigma"))
+
+
+# ---------------------------------------------------------------- allocation
+
+
+@needs_jit
+@pytest.mark.parametrize("method", ["discrete", "interp", "backsolve", "gauss", "quad",
+                                    "forward"])
+def test_sensitivity_loops_allocate_nothing(method, nrt_stats, monkeypatch):
+    prob, data = _pk()
+    mod = prob.model.module
+    name = "adj_discrete" if method == "discrete" else "adj_solve"
+    counts = []
+    for days in (1, 4):  # four times the steps, doses and observations
+        p = prob.remake(tspan=(0.0, 16.0 * days),
+                        doses=[sciml.Bolus(0.0, 200.0, "depot", every=6.0, count=3 * days),
+                               sciml.Infusion(3.0, 2.0, 40.0, "central", every=16.0,
+                                              count=days)])
+        t = np.linspace(0.5, 16.0 * days, 10 * days)
+        d = sciml.Data(t, np.ones(t.shape[0]), observables=["conc"])
+        spy = Spy(mod, name, monkeypatch)
+        sciml.loss_and_grad(p, d, sensealg=METHODS[method])
+        counts.append(allocations_in(spy.kernel, spy.args, n=3))
+    assert counts == [(0, 0), (0, 0)]
