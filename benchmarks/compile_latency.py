@@ -8,7 +8,10 @@ disk). The time includes the imports. Cases:
 - ``nets``: ``nets.loss_and_grad`` of the 4-32-16-4 matrix-exponential chain
   on 100 samples, float32 (the kernels ``train`` uses are the same ones);
 - ``ude_solve``: build the Lotka-Volterra UDE of BENCHMARKS.md item 3
-  (2 -> 5 rbf -> 5 rbf -> 5 rbf -> 2) and solve it with Tsit5 on (0, 3).
+  (2 -> 5 rbf -> 5 rbf -> 5 rbf -> 2) and solve it with Tsit5 on (0, 3);
+- ``ude_grad``: the same model, its first loss + gradient (31 observations,
+  `sciml.loss_and_grad` with its default method, and with the discrete and
+  interpolating adjoints).
 
 Run as ``python -m benchmarks.compile_latency [--json PATH]``.
 """
@@ -44,6 +47,12 @@ prob = sciml.ODEProblem(model, [0.44249296, 4.6280594], (0.0, 3.0), theta)
 sciml.solve(prob, sciml.Tsit5(), saveat=np.linspace(0, 3, 31))
 """,
 }
+CASES["ude_grad"] = CASES["ude_solve"].replace("sciml.solve(prob, sciml.Tsit5(), saveat=", "t = (") + """
+import adjoints
+data = sciml.Data(t, np.ones((31, 2)))
+for alg in (None, adjoints.DiscreteAdjoint(), adjoints.InterpolatingAdjoint()):
+    sciml.loss_and_grad(prob, data, sensealg=alg)
+"""
 
 
 def first_gradient_seconds(code, cache):

@@ -20,7 +20,7 @@ from .data import Data
 from .losses import SSE, Loss
 from .problem import ODEProblem
 from .solution import SolveWarning
-from .solve import _check_atol, _check_max_steps, _check_rtol
+from .solve import _atol_vector, _check_atol, _check_max_steps, _check_rtol
 from .solvers import common
 from .solvers.erk import ExplicitRK, Tsit5
 
@@ -65,6 +65,10 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
         blows up, say), a `SolveWarning` is issued and ``(inf, nan...)`` is
         returned, which optimisers treat as a failed step.
     """
+    lean = _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps,
+                 dt)
+    if lean is not None:
+        return lean
     jobs, loss, sensealg, nt = _prepare(prob, data, loss, solver, sensealg, rtol, atol, params,
                                         threads, max_steps, dt)
     if len(jobs) == 1 or nt == 1:
@@ -99,6 +103,83 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
 
 
 # ---------------------------------------------------------------- internals
+
+_TSIT5 = Tsit5()
+_F64 = np.dtype(np.float64)
+_GAUSS_NODES = {}
+
+
+def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt):
+    """The common case in one compiled call (`adj_lean`), or None when it does not apply.
+
+    One plain problem (no doses), `SSE` on states, an ERK solver, the
+    discrete, interpolating (no checkpoints) or Gauss adjoint with default
+    settings. Checks are cheap here; everything else falls back to the general path.
+    """
+    if not (type(prob) is ODEProblem and prob._plain and type(data) is Data
+            and data.kind == "states" and (loss is None or type(loss) is SSE)
+            and threads is None and type(rtol) is float and 1e-14 <= rtol < 1.0
+            and type(atol) is float and 0.0 < atol < np.inf and type(max_steps) is int
+            and max_steps >= 1):
+        return None
+    if solver is None:
+        solver = _TSIT5
+    if not isinstance(solver, ExplicitRK) or (not solver.adaptive and not (
+            type(dt) is float and dt > 0.0)):
+        return None
+    model = prob.model
+    if sensealg is None:
+        sensealg = adjoints.default_sensealg(model, solver)
+    t = type(sensealg)
+    if t is adjoints.DiscreteAdjoint:
+        method = 0
+    elif not isinstance(sensealg, adjoints.SensitivityAlgorithm) or not solver.adaptive \
+            or sensealg.rtol is not None or sensealg.atol is not None:
+        return None
+    elif t is adjoints.InterpolatingAdjoint and not sensealg.checkpointing \
+            and sensealg.error_on_params:
+        method = 1
+    elif t is adjoints.GaussAdjoint:
+        method = 2
+    else:
+        return None
+    theta = prob.params
+    if params is not None:
+        theta = params
+        if type(theta) is not np.ndarray or theta.dtype is not _F64 \
+                or theta.shape != (model.n_params,) or not theta.flags.c_contiguous \
+                or not np.all(np.isfinite(theta)):
+            return None
+    t0, tf = prob.tspan
+    obs_t = data.t
+    if obs_t[0] < t0 or obs_t[-1] > tf:
+        return None  # the general path says what is wrong
+    qx, qw = _NO_NODES
+    if method == 2:
+        m = sensealg.nodes or solver.order // 2 + 1
+        qx, qw = _gauss_nodes(m)
+    grad = np.empty(model.n_params)
+    stats = np.zeros(3, dtype=np.int64)
+    status, value = model.module.adj_lean(
+        method, solver._packed(), prob.u0, theta, t0,
+        tf, obs_t, data.y_filled, data.w_masked, data.columns(model), rtol,
+        _atol_vector(atol, prob.u0.shape[0]), 0.0 if dt is None else dt, max_steps, qx, qw,
+        grad, stats)
+    if status != 0:
+        return None  # the general path reruns it and reports the failure
+    return value, grad
+
+
+_NO_NODES = (np.zeros(0), np.zeros(0))
+
+
+def _gauss_nodes(m):
+    nodes = _GAUSS_NODES.get(m)
+    if nodes is None:
+        x, w = np.polynomial.legendre.leggauss(m)
+        nodes = _GAUSS_NODES[m] = ((x + 1) / 2, w / 2)
+    return nodes
+
 
 
 def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt):

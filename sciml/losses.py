@@ -33,8 +33,8 @@ class SSE(Loss):
     """
 
     def __call__(self, yhat, data, theta, model):
-        r = np.where(data.mask, yhat - np.nan_to_num(data.y), 0.0)
-        wr = r if data.weights is None else data.weights * r
+        r = yhat - data.y_filled
+        wr = data.w_masked * r
         return float(np.sum(wr * r)), 2.0 * wr, None
 
     def __repr__(self):
@@ -97,7 +97,7 @@ class GaussianNLL(Loss):
         k = yhat.shape[1]
         sig, idx = self._sigmas(k, theta, model)
         m = data.mask
-        r = np.where(m, yhat - np.nan_to_num(data.y), 0.0) / sig
+        r = np.where(m, yhat - data.y_filled, 0.0) / sig
         cnt = m.sum(axis=0)
         value = float(0.5 * np.sum(r * r) + np.sum(cnt * np.log(sig))
                       + 0.5 * math.log(2 * math.pi) * cnt.sum())

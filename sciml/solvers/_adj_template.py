@@ -37,10 +37,13 @@ module (see `sciml._codegen.template_source`); names carry the ``adj_`` prefix.
 
 import math
 
+import numpy as np
+
 from sciml._jit import jit
 from sciml.solvers._common_template import (
     COM_DT_UNDERFLOW,
     COM_MAX_STEPS,
+    COM_NEED_STORAGE,
     COM_NONFINITE,
     COM_SUCCESS,
     com_accept_factor,
@@ -48,8 +51,8 @@ from sciml.solvers._common_template import (
     com_reject_factor,
     com_rhs,
 )
-from sciml.solvers._erk_template import erk_interp, erk_stages
-from sciml.solvers._stubs import jac_into, obs_vjp_into, paramjac_into, vjp_into
+from sciml.solvers._erk_template import ERK_TAB_HEAD, erk_interp, erk_solve, erk_stages
+from sciml.solvers._stubs import WS_SIZE, jac_into, obs_vjp_into, paramjac_into, vjp_into
 
 # --- template begin
 
@@ -131,27 +134,32 @@ def adj_f(kind, out, z, tt, k, j, d_t, d_u, d_k, d_have, d_seg, n_steps, A, c, P
                     for m in range(npar):
                         out[o + m] += a * z[ol + m]
         return j
+    # Only whole C-contiguous vectors reach the model's kernels (a slice such as z[n:2n] types
+    # differently and would compile vjp_into, and the net kernels under it, once more).
+    for m in range(pscr.shape[0]):
+        pscr[m] = 0.0
     if kind == ADJ_BACKSOLVE:
-        u = z[:n]
-        com_rhs(out[:n], u, p, tt, ws, rate)
+        for m in range(n):
+            ubuf[m] = z[m]
+            tmp[m] = z[n + m]
+        com_rhs(out[:n], ubuf, p, tt, ws, rate)
         for m in range(n):
             out[m] = -out[m]
-        mu = out[2 * n:]
-        for m in range(mu.shape[0]):
-            mu[m] = 0.0
-        vjp_into(out[n:2 * n], mu, z[n:2 * n], u, p, tt, ws)
-        return j
-    j = adj_u_at(ubuf, tt, k, j, d_t, d_u, d_k, d_have, d_seg, n_steps, A, c, P, n_step, p, ws,
-                 seg_rate, tmp)
-    if kind == ADJ_INTERP:
-        mu = out[n:]
-        for m in range(mu.shape[0]):
-            mu[m] = 0.0
-        vjp_into(out[:n], mu, z[:n], ubuf, p, tt, ws)
-    else:  # lambda only: the parameter part goes to scratch
-        for m in range(pscr.shape[0]):
-            pscr[m] = 0.0
-        vjp_into(out[:n], pscr, z[:n], ubuf, p, tt, ws)
+        vjp_into(ubuf, pscr, tmp, z[:n], p, tt, ws)
+        for m in range(n):
+            out[n + m] = ubuf[m]
+        lo = 2 * n
+    else:
+        j = adj_u_at(ubuf, tt, k, j, d_t, d_u, d_k, d_have, d_seg, n_steps, A, c, P, n_step, p,
+                     ws, seg_rate, tmp)
+        for m in range(n):
+            tmp[m] = z[m]
+        vjp_into(out[:n], pscr, tmp, ubuf, p, tt, ws)
+        if kind != ADJ_INTERP:  # lambda only: the parameter part is not wanted here
+            return j
+        lo = n
+    for m in range(pscr.shape[0]):
+        out[lo + m] = pscr[m]
     return j
 
 
@@ -547,6 +555,120 @@ def adj_discrete(A, b, c, P, n_step, d_t, d_u, d_k, d_have, d_seg, n_steps, seg_
             for m in range(n):
                 lam[m] += G[q, m]
             q -= 1
+
+
+@jit
+def adj_lean(method, tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt, max_steps, qx, qw,
+             grad, stats):
+    """Loss (weighted squared errors on states) and its gradient in one call, for plain problems.
+
+    The lean path of `sciml.loss_and_grad` (no doses, `SSE` on states, one
+    problem): the forward `erk_solve` over ``[t0, tf]`` saving at ``obs_t``
+    with its steps stored, the loss ``sum Wd * (u[:, cols] - Yd)**2``, then
+    the reverse pass: ``method`` 0 = `adj_discrete`, 1 = interpolating
+    adjoint, 2 = Gauss adjoint (nodes ``qx``, weights ``qw`` on [0, 1]).
+    ``tab``: the solver's packed tableau and controller (as `erk_solve_saveat`);
+    ``atol`` (n,). Buffers are allocated here, once per call (grown when the
+    steps outrun them), never per step.
+
+    Returns
+    -------
+    (status, loss) : 0 or the failing solve's status; ``grad`` (n_params,) is written.
+    stats (3,) int64: forward accepted steps, backward evaluations, backward steps.
+    """
+    n = u0.shape[0]
+    npar = p.shape[0]
+    T = obs_t.shape[0]
+    s_all = int(tab[0])
+    d = int(tab[1])
+    n_step = int(tab[2])
+    end_stage = int(tab[3])
+    adaptive = tab[4] != 0.0
+    order = int(tab[5])
+    # Fresh C-contiguous copies: the loops below are then called with the argument types the
+    # general (Python) path uses, so their compiled versions are shared, not compiled twice.
+    o = ERK_TAB_HEAD
+    A = np.ascontiguousarray(tab[o:o + s_all * s_all]).reshape((s_all, s_all))
+    o += s_all * s_all
+    b = np.ascontiguousarray(tab[o:o + s_all])
+    e = np.ascontiguousarray(tab[o + s_all:o + 2 * s_all])
+    c = np.ascontiguousarray(tab[o + 2 * s_all:o + 3 * s_all])
+    o += 3 * s_all
+    P = np.ascontiguousarray(tab[o:o + s_all * d]).reshape((s_all, d))
+    ws = np.zeros(max(WS_SIZE, 1))
+    K = np.zeros((s_all, n))
+    W = np.zeros((4, n))
+    fst = np.zeros(4, dtype=np.int64)
+    stops = np.zeros(2)
+    stops[0] = t0
+    stops[1] = tf
+    seg_rate = np.zeros((1, n))
+    no_i = np.zeros(0, dtype=np.int64)
+    no_f = np.zeros(0)
+    U = np.zeros((T, n))
+    # run-time booleans: a literal True/False would type differently from the Python path's
+    yes = T >= 0
+    no = not yes
+    atol = atol.copy()  # writable, as the Python path's (a read-only array types differently)
+    if adaptive:
+        cap = 64
+    else:
+        cap = int(math.ceil((tf - t0) / dt * (1.0 + 1e-12))) + 3
+    while True:
+        d_t = np.zeros(cap + 1)
+        d_u = np.zeros((cap + 1, n))
+        d_k = np.zeros((cap, s_all, n))
+        d_have = np.zeros(cap, dtype=np.int8)
+        d_seg = np.zeros(cap, dtype=np.int64)
+        status, t_end = erk_solve(A, b, e, c, P, n_step, end_stage, adaptive, order, u0, p, ws,
+                                  stops, seg_rate, no_i, no_i, no_f, no, obs_t, no_f, U,
+                                  rtol, atol, dt, max_steps, tab[6], tab[7], tab[8], tab[9],
+                                  tab[10], yes, d_t, d_u, d_k, d_have, d_seg, K, W, fst)
+        if status != COM_NEED_STORAGE:
+            break
+        cap = 4 * cap
+    stats[0] = fst[1]
+    if status != COM_SUCCESS:
+        return status, math.inf
+    n_steps = fst[1]
+    G = np.zeros((T, n))
+    loss = 0.0
+    for q in range(T):
+        for j in range(cols.shape[0]):
+            r = U[q, cols[j]] - Yd[q, j]
+            wr = Wd[q, j] * r
+            loss += wr * r
+            G[q, cols[j]] += 2.0 * wr
+    for m in range(npar):
+        grad[m] = 0.0
+    if method == 0:
+        lam = np.zeros(n)
+        adj_discrete(A, b, c, P, n_step, d_t, d_u, d_k, d_have, d_seg, n_steps, seg_rate, obs_t,
+                     G, p, ws, lam, grad, np.zeros((s_all, n)), np.zeros(n), np.zeros(n))
+        stats[1] = 0
+        stats[2] = 0
+        return COM_SUCCESS, loss
+    kind = ADJ_INTERP if method == 1 else ADJ_GAUSS
+    nz = n + npar if kind == ADJ_INTERP else n
+    z = np.zeros(nz)
+    ast = np.zeros(3, dtype=np.int64)
+    h0 = d_t[n_steps] - d_t[n_steps - 1] if n_steps > 0 else 0.0
+    amin = atol[0]
+    for m in range(n):
+        amin = min(amin, atol[m])
+    status = adj_solve(kind, A, b, e, c, P, n_step, end_stage, d_t, d_u, d_k, d_have, d_seg,
+                       n_steps, stops, seg_rate, no_i, no_i, no_f, obs_t, G, U, no, U,
+                       p, ws, z, grad, rtol, amin, h0, max_steps, tab[6], tab[7], tab[8],
+                       tab[9], tab[10], nz, qx, qw, rtol,
+                       np.zeros((s_all, nz)), np.zeros((3, nz)), np.zeros((4, n)),
+                       np.zeros(npar), np.zeros((1, 1)), np.zeros((1, 1)), np.zeros((3, npar)),
+                       np.zeros((16, 3)), ast)
+    stats[1] = ast[0]
+    stats[2] = ast[1]
+    if kind == ADJ_INTERP:
+        for m in range(npar):
+            grad[m] += z[n + m]
+    return status, loss
 
 
 # --- template end

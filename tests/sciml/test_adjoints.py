@@ -244,3 +244,15 @@ def test_sensitivity_loops_allocate_nothing(method, nrt_stats, monkeypatch):
         sciml.loss_and_grad(p, d, sensealg=METHODS[method])
         counts.append(allocations_in(spy.kernel, spy.args, n=3))
     assert counts == [(0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("method", ["discrete", "interp", "gauss"])
+def test_lean_path_agrees_with_the_general_one(method):
+    # One plain problem with SSE on states takes one compiled call (`adj_lean`); threads=1
+    # forces the general path, which must give the same numbers.
+    prob, data = _spiral()
+    for kw in ({}, dict(solver=sciml.RK4(), dt=0.05)) if method == "discrete" else ({},):
+        lean = sciml.loss_and_grad(prob, data, sensealg=METHODS[method], **kw)
+        general = sciml.loss_and_grad(prob, data, sensealg=METHODS[method], threads=1, **kw)
+        assert lean[0] == pytest.approx(general[0], rel=1e-13)
+        np.testing.assert_array_equal(lean[1], general[1])
