@@ -31,6 +31,7 @@ class Job:
     max_steps: int
     obs_t: np.ndarray
     ws: np.ndarray
+    prob: object = None  # the ODEProblem (its params may differ from p)
 
     @property
     def mod(self):
@@ -120,3 +121,23 @@ def segment_rate(sched, t):
     k = int(np.searchsorted(sched.stops, t, side="right")) - 1
     k = min(max(k, 0), sched.seg_rate.shape[0] - 1)
     return sched.seg_rate[k:k + 1]
+
+
+def rodas_forward(job, dense):
+    """The problem solved by the job's Rosenbrock solver at the observation times.
+
+    With ``dense`` the result carries ``ros`` = (ts, us, kd), the stored steps.
+    """
+    prob = job.prob if job.p is job.prob.params else job.prob.remake(params=job.p)
+    raw = job.solver._run(prob, job.obs_t, job.rtol, job.atol, job.dt, job.max_steps, dense)
+    fw = Forward(job.obs_t, raw.u, raw.status, raw.t_end, None, None, None, None, None,
+                 raw.stats["n_accepted"], None)
+    fw.ros = raw.dense
+    return fw
+
+
+def values(job):
+    """States at the observation times (no per-step storage): what a loss alone needs."""
+    if isinstance(job.solver, ExplicitRK):
+        return forward_problem(job, job.obs_t, dense=False)
+    return rodas_forward(job, dense=False)

@@ -41,10 +41,10 @@ class SensitivityAlgorithm:
         if not isinstance(solver, self.solvers):
             names = ", ".join(c.__name__ for c in self.solvers)
             raise ValueError(f"{type(self).__name__} does not run with {solver.name}: it needs "
-                             f"one of {names} (explicit Runge-Kutta solvers: Tsit5, DP5, BS3, "
-                             "Vern7, RK4, Euler). Stiff problems with Rodas5 are not supported "
-                             "by the adjoint methods yet")
-        if not solver.adaptive and type(self).__name__ not in ("DiscreteAdjoint",):
+                             f"one of {names} (explicit Runge-Kutta: Tsit5, DP5, BS3, Vern7, "
+                             "RK4, Euler). For a stiff problem with Rodas5 use "
+                             "adjoints.GaussAdjoint(), whose backward solve is stiff too")
+        if not solver.adaptive and type(self).__name__ != "DiscreteAdjoint":
             raise ValueError(f"{type(self).__name__} needs an adaptive solver; with a "
                              f"fixed-step {solver.name} use DiscreteAdjoint()")
 

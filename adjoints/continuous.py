@@ -15,8 +15,10 @@ how the integral is taken; all run in `adj_solve` of the model's module.
 import numpy as np
 
 from sciml.solvers.base import STATUS_TEXT
+from sciml.solvers.erk import ExplicitRK
+from sciml.solvers.rosenbrock import Rodas5
 
-from ._forward import SolveFailed, forward, forward_problem
+from ._forward import SolveFailed, forward, forward_problem, rodas_forward
 from .base import SensitivityAlgorithm, _tol
 
 # kinds of `adj_solve` (see sciml/solvers/_adj_template.py)
@@ -194,6 +196,10 @@ class GaussAdjoint(_DenseForward):
     forward dense output. Usually the fastest continuous adjoint with a
     network's many parameters.
 
+    The one method for stiff problems: with ``solver=sciml.Rodas5()`` the
+    backward lambda solve uses Rodas5 too, with the adjoint Jacobian
+    J(u(t))^T, and u(t) comes from Rodas5's dense output.
+
     Parameters
     ----------
     nodes : int, optional
@@ -211,15 +217,40 @@ class GaussAdjoint(_DenseForward):
                              f"{nodes!r}")
         self.nodes = nodes
 
+    solvers = (ExplicitRK, Rodas5)
+
+    def forward(self, job):
+        if isinstance(job.solver, ExplicitRK):
+            return super().forward(job)
+        return rodas_forward(job, dense=True)
+
     def backward(self, job, state, G):
         n, npar = job.n, job.n_params
         m = self.nodes or job.solver.order // 2 + 1
         x, w = np.polynomial.legendre.leggauss(m)
+        qx, qw = (x + 1) / 2, w / 2
         z = np.zeros(n)
         pbar = np.zeros(npar)
         s = job.sched
-        _run(job, GAUSS, self, state, s.stops, s.seg_rate, s.bolus_k, s.bolus_i, s.bolus_a,
-             job.obs_t, G, z, pbar, n, h0=_last_step(state), qx=(x + 1) / 2, qw=w / 2)
+        if isinstance(job.solver, ExplicitRK):
+            _run(job, GAUSS, self, state, s.stops, s.seg_rate, s.bolus_k, s.bolus_i, s.bolus_a,
+                 job.obs_t, G, z, pbar, n, h0=_last_step(state), qx=qx, qw=qw)
+            return pbar, z.copy()
+        sv, tab = job.solver, job.solver._tab
+        ts, us, kd = state.ros
+        rtol, atol = self._tols(job)
+        stp, nh = tab["a"].shape[0], tab["H"].shape[0]
+        h0 = float(ts[-1] - ts[-2]) if ts.shape[0] > 1 else 0.0
+        stats = np.zeros(3, dtype=np.int64)
+        status = job.mod.adj_ros_gauss(
+            tab["a"], tab["C"], tab["c"], tab["d"], tab["b"], tab["e"], tab["H"], tab["gamma"],
+            ts, us, kd, ts.shape[0] - 1, s.stops, job.obs_t, G, job.p, job.ws, z, pbar,
+            rtol, atol, h0, job.max_steps, sv.safety, sv.qmin, sv.qmax, sv.beta1, sv.beta2,
+            qx, qw, np.zeros((stp, n)), np.zeros((6, n)), np.zeros((n, n)), np.zeros((n, n)),
+            np.zeros(n, dtype=np.int64), np.zeros((1 + nh, n)), np.zeros(npar), stats)
+        if status != 0:
+            raise SolveFailed(f"GaussAdjoint: the stiff backward solve failed: "
+                              f"{STATUS_TEXT.get(int(status), status)}")
         return pbar, z.copy()
 
 

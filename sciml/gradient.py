@@ -23,6 +23,7 @@ from .solution import SolveWarning
 from .solve import _atol_vector, _check_atol, _check_max_steps, _check_rtol
 from .solvers import common
 from .solvers.erk import ExplicitRK, Tsit5
+from .solvers.rosenbrock import Rodas5
 
 __all__ = ["loss_and_grad", "loss_value"]
 
@@ -91,11 +92,11 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
 def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=None,
                max_steps=100_000, dt=None):
     """The loss alone (no gradient): one forward solve per problem."""
-    jobs, loss, _, _ = _prepare(prob, data, loss, solver, adjoints.DiscreteAdjoint(), rtol,
-                                atol, params, 1, max_steps, dt)
+    jobs, loss, _, _ = _prepare(prob, data, loss, solver, adjoints.GaussAdjoint(), rtol,
+                                atol, params, 1, max_steps, dt, need_adaptive=False)
     total = 0.0
     for job, d in jobs:
-        fw = adjoints._forward.forward_problem(job, job.obs_t, dense=False)
+        fw = adjoints._forward.values(job)
         if fw.status != 0:
             return np.inf
         total += _loss(job, d, loss, fw.u)[0]
@@ -182,7 +183,8 @@ def _gauss_nodes(m):
 
 
 
-def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt):
+def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt,
+             need_adaptive=True):
     many = isinstance(prob, (list, tuple))
     probs = list(prob) if many else [prob]
     datas = list(data) if isinstance(data, (list, tuple)) else [data]
@@ -209,18 +211,17 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
     if not isinstance(loss, Loss):
         raise TypeError(f"loss_and_grad: `loss` must be a sciml loss (SSE(), GaussianNLL(...)), "
                         f"got {type(loss).__name__}")
-    solver = Tsit5() if solver is None else solver
-    if not isinstance(solver, ExplicitRK):
-        name = getattr(solver, "name", type(solver).__name__)
-        raise ValueError(f"loss_and_grad: gradients need an explicit Runge-Kutta solver (Tsit5, "
-                         f"DP5, BS3, Vern7, RK4, Euler); got {name} (stiff Rodas5 gradients are "
-                         "not supported yet)")
+    solver = _TSIT5 if solver is None else solver
+    if not isinstance(solver, (ExplicitRK, Rodas5)):
+        raise TypeError(f"loss_and_grad: `solver` must be a sciml solver such as sciml.Tsit5() "
+                        f"or sciml.Rodas5(), got {solver!r}")
     if sensealg is None:
         sensealg = adjoints.default_sensealg(model, solver)
     if not isinstance(sensealg, adjoints.SensitivityAlgorithm):
         raise TypeError(f"loss_and_grad: `sensealg` must be an adjoints method (e.g. "
                         f"adjoints.GaussAdjoint()), got {sensealg!r}")
-    sensealg.check_solver(solver)
+    if need_adaptive or not isinstance(solver, ExplicitRK):
+        sensealg.check_solver(solver)
     if not solver.adaptive:
         if dt is None or isinstance(dt, bool) or not isinstance(dt, (int, float)) or dt <= 0:
             raise ValueError(f"loss_and_grad: the fixed-step {solver.name} needs `dt` > 0, got "
@@ -241,7 +242,7 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
         jobs.append((adjoints._forward.Job(
             p.model, p.u0, p.params if theta is None else theta, common.schedule(p), solver,
             rtol, _check_atol(atol, p.model.n_states), None if dt is None else float(dt),
-            max_steps, d.t, p.model.workspace()), d))
+            max_steps, d.t, p.model.workspace(), p), d))
     nt = Threads(threads).n
     return jobs, loss, sensealg, min(nt, len(jobs))
 

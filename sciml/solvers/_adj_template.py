@@ -52,6 +52,8 @@ from sciml.solvers._common_template import (
     com_rhs,
 )
 from sciml.solvers._erk_template import ERK_TAB_HEAD, erk_interp, erk_solve, erk_stages
+from sciml.solvers._linalg_template import lu_factor_into, lu_solve_into
+from sciml.solvers._ros_template import ros_dense_eval
 from sciml.solvers._stubs import WS_SIZE, jac_into, obs_vjp_into, paramjac_into, vjp_into
 
 # --- template begin
@@ -669,6 +671,215 @@ def adj_lean(method, tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt, ma
         for m in range(npar):
             grad[m] += z[n + m]
     return status, loss
+
+
+# ---------------------------------------------------------------- stiff: Rosenbrock backward
+
+
+@jit
+def adj_ros_u_at(out, tt, lo, hi, j, ts, us, kd, n_steps):
+    """Forward state at ``tt`` in the dose segment ``[lo, hi]`` from `ros_solve`'s stored steps.
+
+    Returns the step used. Steps never cross a stop, so restricting the
+    search to steps inside the segment picks the segment's side of a dose.
+    """
+    while j > 0 and ts[j] >= hi:
+        j -= 1
+    while j < n_steps - 1 and ts[j + 1] <= lo:
+        j += 1
+    while j > 0 and ts[j] > tt and ts[j - 1] >= lo:
+        j -= 1
+    while j < n_steps - 1 and ts[j + 1] < tt and ts[j + 1] < hi:
+        j += 1
+    h = ts[j + 1] - ts[j]
+    ros_dense_eval(out, (tt - ts[j]) / h, us[j], kd[j, 0], kd[j])
+    return j
+
+
+@jit
+def adj_ros_g(out, lam, tt, lo, hi, j, ts, us, kd, n_steps, p, ws, ub, pscr):
+    """The backward adjoint right-hand side ``out = J(u(tt))^T lam`` (u from the forward steps)."""
+    j = adj_ros_u_at(ub, tt, lo, hi, j, ts, us, kd, n_steps)
+    for m in range(pscr.shape[0]):
+        pscr[m] = 0.0
+    vjp_into(out, pscr, lam, ub, p, tt, ws)
+    return j
+
+
+@jit
+def adj_ros_gauss(a, C, c, d, b, e, H, gamma, ts, us, kd, n_steps,
+                  stops, obs_t, G, p, ws, lam, pbar,
+                  rtol, atol, h0, max_steps, safety, qmin, qmax, beta1, beta2, qx, qw,
+                  K, V, Jm, Wm, piv, D, pscr, stats):
+    """Gauss adjoint for stiff problems: lambda backward by a Rosenbrock method, mu by quadrature.
+
+    The adjoint ODE d lambda/d tau = J(u(t))^T lambda (tau = -t) is as stiff
+    as the forward problem, so it is integrated with the forward solver's
+    Rosenbrock tableau (``a, C, c, d, b, e, H, gamma`` as `ros_solve`) and the
+    adjoint Jacobian J^T from `jac_into` at each step's start; its time
+    derivative (u(t) moves) is a forward difference, as in `ros_solve`. On
+    each accepted step, mu += sum_k w_k h lambda(t_k)^T df/dp(u(t_k)) at the
+    Gauss nodes ``qx`` (weights ``qw``, on [0, 1]), lambda from the step's
+    Rosenbrock interpolant and u from the forward steps (``ts, us, kd`` of
+    `ros_solve`). Jumps ``G`` at ``obs_t`` as in `adj_solve`.
+
+    lam (n,): in zeros, out dL/du0; pbar (n_params,) added to. K (s, n),
+    V (6, n), Jm, Wm (n, n), piv (n,) int64, D (1 + n_dense, n), pscr
+    (n_params,): scratch. stats (3,): vjp calls, accepted, rejected steps.
+    Returns a status code.
+    """
+    n = lam.shape[0]
+    s = a.shape[0]
+    nh = H.shape[0]
+    f0 = V[0]
+    dT = V[1]
+    Y = V[2]
+    r = V[3]
+    lnew = V[4]
+    ub = V[5]
+    eps = 2.220446049250313e-16
+    nseg = stops.shape[0] - 1
+    T = obs_t.shape[0]
+    t = stops[nseg]
+    k = nseg - 1
+    q = T - 1
+    t_end = stops[0]
+    while q >= 0 and obs_t[q] >= t:
+        for m in range(n):
+            lam[m] += G[q, m]
+        q -= 1
+    h = h0 if h0 > 0.0 else 1e-3 * (t - t_end)
+    nfev = 0
+    nacc = 0
+    nrej = 0
+    jf = max(n_steps - 1, 0)
+    err_prev = 1e-4
+    status = COM_SUCCESS
+    while t > t_end:
+        lo = stops[k]
+        hi = stops[k + 1]
+        tb = lo
+        if q >= 0 and obs_t[q] > tb:
+            tb = obs_t[q]
+        fresh = True
+        rejected = False
+        while t > tb:
+            if nacc + nrej >= max_steps:
+                status = COM_MAX_STEPS
+                break
+            if fresh:
+                jf = adj_ros_g(f0, lam, t, lo, hi, jf, ts, us, kd, n_steps, p, ws, ub, pscr)
+                jac_into(Jm, ub, p, t, ws)
+                dtau = math.sqrt(eps) * max(1.0, abs(t))
+                jf = adj_ros_g(dT, lam, t - dtau, lo, hi, jf, ts, us, kd, n_steps, p, ws, ub,
+                               pscr)
+                for m in range(n):
+                    dT[m] = (dT[m] - f0[m]) / dtau
+                nfev += 2
+                fresh = False
+            rest = t - tb
+            lands = 1.01 * h >= rest
+            h_try = rest if lands else h
+            ihg = 1.0 / (h_try * gamma)
+            for i in range(n):
+                for jj in range(n):
+                    Wm[i, jj] = -Jm[jj, i]  # the adjoint Jacobian J^T
+                Wm[i, i] += ihg
+            singular = lu_factor_into(Wm, piv) != 0
+            en = math.inf
+            finite = False
+            if not singular:
+                ih = 1.0 / h_try
+                for st in range(s):
+                    if st == 0:
+                        for m in range(n):
+                            r[m] = f0[m]
+                    else:
+                        for m in range(n):
+                            acc = lam[m]
+                            for jj in range(st):
+                                acc += a[st, jj] * K[jj, m]
+                            Y[m] = acc
+                        jf = adj_ros_g(r, Y, t - c[st] * h_try, lo, hi, jf, ts, us, kd, n_steps,
+                                       p, ws, ub, pscr)
+                        nfev += 1
+                        for m in range(n):
+                            acc = 0.0
+                            for jj in range(st):
+                                acc += C[st, jj] * K[jj, m]
+                            r[m] += acc * ih
+                    hd = h_try * d[st]
+                    for m in range(n):
+                        r[m] += hd * dT[m]
+                    lu_solve_into(r, Wm, piv)
+                    for m in range(n):
+                        K[st, m] = r[m]
+                for m in range(n):
+                    acc = lam[m]
+                    ee = 0.0
+                    for jj in range(s):
+                        acc += b[jj] * K[jj, m]
+                        ee += e[jj] * K[jj, m]
+                    lnew[m] = acc
+                    r[m] = ee
+                acc = 0.0
+                finite = True
+                for m in range(n):
+                    if not math.isfinite(lnew[m]):
+                        finite = False
+                    sc = atol + rtol * max(abs(lam[m]), abs(lnew[m]))
+                    acc += (r[m] / sc) ** 2
+                en = math.sqrt(acc / n)
+                finite = finite and en == en
+            if not (finite and en <= 1.0):
+                nrej += 1
+                rejected = True
+                h = h_try * com_reject_factor(en if finite else math.inf, safety, qmin, beta1)
+                if h < com_hmin(t):
+                    status = COM_NONFINITE if not finite and not singular else COM_DT_UNDERFLOW
+                    break
+                continue
+            h_next = h_try * com_accept_factor(en, err_prev, safety, qmin, qmax, beta1, beta2)
+            err_prev = max(en, 1e-4)
+            if rejected:
+                h_next = min(h_next, h_try)
+            elif lands and h_try < h:
+                h_next = max(h_next, h)
+            nacc += 1
+            rejected = False
+            # the step's interpolant, then mu by Gauss-Legendre quadrature over it
+            for jh in range(nh):
+                for m in range(n):
+                    acc = 0.0
+                    for jj in range(s):
+                        acc += H[jh, jj] * K[jj, m]
+                    D[1 + jh, m] = acc
+            for g in range(qx.shape[0]):
+                tt = t - qx[g] * h_try
+                ros_dense_eval(Y, qx[g], lam, lnew, D)
+                wt = qw[g] * h_try
+                for m in range(n):
+                    Y[m] *= wt
+                jf = adj_ros_u_at(ub, tt, lo, hi, jf, ts, us, kd, n_steps)
+                vjp_into(r, pbar, Y, ub, p, tt, ws)
+            nfev += qx.shape[0]
+            t = tb if lands else t - h_try
+            for m in range(n):
+                lam[m] = lnew[m]
+            h = h_next
+            fresh = True
+        if status != COM_SUCCESS:
+            break
+        while q >= 0 and obs_t[q] >= t:
+            for m in range(n):
+                lam[m] += G[q, m]
+            q -= 1
+        if t <= stops[k] and k > 0:
+            k -= 1
+    stats[0] = nfev
+    stats[1] = nacc
+    stats[2] = nrej
+    return status
 
 
 # --- template end
