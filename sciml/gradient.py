@@ -29,7 +29,7 @@ __all__ = ["loss_and_grad", "loss_value"]
 
 
 def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, atol=1e-6,
-                  params=None, threads=None, max_steps=100_000, dt=None):
+                  params=None, threads=None, max_steps=100_000, dt=None, per_problem=False):
     """The loss of the solution(s) against data and its gradient over the flat parameters.
 
     Parameters
@@ -57,6 +57,10 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
         Step limit of each solve.
     dt : float, optional
         The step of a fixed-step solver (RK4, Euler: with DiscreteAdjoint).
+    per_problem : bool
+        Return one value and one gradient per problem (arrays (m,) and
+        (m, n_params)) instead of their sums: what population fits with
+        per-subject parameters need.
 
     Returns
     -------
@@ -66,10 +70,11 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
         blows up, say), a `SolveWarning` is issued and ``(inf, nan...)`` is
         returned, which optimisers treat as a failed step.
     """
-    lean = _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps,
-                 dt)
-    if lean is not None:
-        return lean
+    if not per_problem:
+        lean = _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps,
+                     dt)
+        if lean is not None:
+            return lean
     jobs, loss, sensealg, nt = _prepare(prob, data, loss, solver, sensealg, rtol, atol, params,
                                         threads, max_steps, dt)
     if len(jobs) == 1 or nt == 1:
@@ -77,8 +82,19 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
     else:
         with Threads(1), ThreadPoolExecutor(nt) as ex:
             results = list(ex.map(lambda jd: _one(jd[0], jd[1], loss, sensealg), jobs))
+    npar = jobs[0][0].n_params
+    if per_problem:
+        values, grads = np.zeros(len(results)), np.zeros((len(results), npar))
+        for i, (v, g) in enumerate(results):
+            if isinstance(v, str):
+                warnings.warn(f"loss_and_grad: problem {i}: {v}; its loss is infinite",
+                              SolveWarning, stacklevel=2)
+                values[i], grads[i] = np.inf, np.nan
+            else:
+                values[i], grads[i] = v, g
+        return values, grads
     value = 0.0
-    grad = np.zeros(jobs[0][0].n_params)
+    grad = np.zeros(npar)
     for i, (v, g) in enumerate(results):  # fixed order: same sum for any thread count
         if isinstance(v, str):
             warnings.warn(f"loss_and_grad: problem {i}: {v}; returning an infinite loss",

@@ -165,6 +165,11 @@ def test_many_problems_sum_in_a_fixed_order():
     each = [sciml.loss_and_grad(p, data, sensealg=adjoints.GaussAdjoint()) for p in probs]
     assert v == pytest.approx(sum(e[0] for e in each), rel=1e-14)
     np.testing.assert_allclose(g, sum(e[1] for e in each), rtol=1e-13)
+    vs, gs = sciml.loss_and_grad(probs, datas, sensealg=adjoints.GaussAdjoint(),
+                                 per_problem=True)
+    assert vs.shape == (5,) and gs.shape == (5, prob.model.n_params)
+    np.testing.assert_array_equal(vs, [e[0] for e in each])
+    np.testing.assert_array_equal(gs, np.stack([e[1] for e in each]))
 
 
 def test_shared_params_override():
