@@ -45,7 +45,8 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
         Tsit5() by default.
     sensealg : adjoints.SensitivityAlgorithm, optional
         How the gradient is computed; default `adjoints.default_sensealg`
-        (forward sensitivities for <= 16 parameters, else GaussAdjoint).
+        (stiff solver: GaussAdjoint; <= 16 parameters: ForwardSensitivity;
+        <= 64 states: DiscreteAdjoint; else GaussAdjoint).
     rtol, atol : float
         Tolerances of the forward solve (and, unless the method sets its
         own, of the sensitivity solve).
@@ -177,11 +178,15 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
         qx, qw = _gauss_nodes(m)
     grad = np.empty(model.n_params)
     stats = np.zeros(3, dtype=np.int64)
-    status, value = model.module.adj_lean(
-        method, solver._packed(), prob.u0, theta, t0,
-        tf, obs_t, data.y_filled, data.w_masked, data.columns(model), rtol,
-        _atol_vector(atol, prob.u0.shape[0]), 0.0 if dt is None else dt, max_steps, qx, qw,
-        grad, stats)
+    mod = model.module
+    args = (solver._packed(), prob.u0, theta, t0, tf, obs_t, data.y_filled, data.w_masked,
+            data.columns(model), rtol, _atol_vector(atol, prob.u0.shape[0]),
+            0.0 if dt is None else dt, max_steps)
+    if method == 0:
+        status, value = mod.adj_lean(*args, grad, stats)
+    else:  # the kinds of `adj_solve`: 0 interpolating, 2 Gauss
+        status, value = mod.adj_lean_continuous(0 if method == 1 else 2, *args, qx, qw, grad,
+                                                stats)
     if status != 0:
         return None  # the general path reruns it and reports the failure
     return value, grad

@@ -560,26 +560,13 @@ def adj_discrete(A, b, c, P, n_step, d_t, d_u, d_k, d_have, d_seg, n_steps, seg_
 
 
 @jit
-def adj_lean(method, tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt, max_steps, qx, qw,
-             grad, stats):
-    """Loss (weighted squared errors on states) and its gradient in one call, for plain problems.
+def adj_lean_forward(tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt, max_steps, stats):
+    """The forward half of `adj_lean`: solve with steps stored, loss, adjoint jumps G.
 
-    The lean path of `sciml.loss_and_grad` (no doses, `SSE` on states, one
-    problem): the forward `erk_solve` over ``[t0, tf]`` saving at ``obs_t``
-    with its steps stored, the loss ``sum Wd * (u[:, cols] - Yd)**2``, then
-    the reverse pass: ``method`` 0 = `adj_discrete`, 1 = interpolating
-    adjoint, 2 = Gauss adjoint (nodes ``qx``, weights ``qw`` on [0, 1]).
-    ``tab``: the solver's packed tableau and controller (as `erk_solve_saveat`);
-    ``atol`` (n,). Buffers are allocated here, once per call (grown when the
-    steps outrun them), never per step.
-
-    Returns
-    -------
-    (status, loss) : 0 or the failing solve's status; ``grad`` (n_params,) is written.
-    stats (3,) int64: forward accepted steps, backward evaluations, backward steps.
+    Returns (status, loss, G, tableau arrays, step storage, n_steps, ws, stops,
+    seg_rate, U, atol) for the reverse halves.
     """
     n = u0.shape[0]
-    npar = p.shape[0]
     T = obs_t.shape[0]
     s_all = int(tab[0])
     d = int(tab[1])
@@ -630,27 +617,71 @@ def adj_lean(method, tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt, ma
             break
         cap = 4 * cap
     stats[0] = fst[1]
-    if status != COM_SUCCESS:
-        return status, math.inf
-    n_steps = fst[1]
     G = np.zeros((T, n))
     loss = 0.0
-    for q in range(T):
-        for j in range(cols.shape[0]):
-            r = U[q, cols[j]] - Yd[q, j]
-            wr = Wd[q, j] * r
-            loss += wr * r
-            G[q, cols[j]] += 2.0 * wr
+    if status == COM_SUCCESS:
+        for q in range(T):
+            for j in range(cols.shape[0]):
+                r = U[q, cols[j]] - Yd[q, j]
+                wr = Wd[q, j] * r
+                loss += wr * r
+                G[q, cols[j]] += 2.0 * wr
+    else:
+        loss = math.inf
+    return (status, loss, G, A, b, e, c, P, n_step, end_stage, d_t, d_u, d_k, d_have, d_seg,
+            fst[1], ws, stops, seg_rate, U, atol)
+
+
+@jit
+def adj_lean(tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt, max_steps, grad, stats):
+    """Loss (weighted squared errors on states) and its discrete-adjoint gradient in one call.
+
+    The lean path of `sciml.loss_and_grad` (no doses, `SSE` on states, one
+    problem): the forward `erk_solve` over ``[t0, tf]`` saving at ``obs_t``
+    with its steps stored, the loss ``sum Wd * (u[:, cols] - Yd)**2``, then
+    `adj_discrete`. ``tab``: the solver's packed tableau and controller (as
+    `erk_solve_saveat`); ``atol`` (n,). Buffers are allocated here, once per
+    call (grown when the steps outrun them), never per step.
+
+    Returns
+    -------
+    (status, loss) : 0 or the failing solve's status; ``grad`` (n_params,) is written.
+    stats (3,) int64: forward accepted steps, backward evaluations, backward steps.
+    """
+    (status, loss, G, A, b, e, c, P, n_step, end_stage, d_t, d_u, d_k, d_have, d_seg, n_steps,
+     ws, stops, seg_rate, U, atol) = adj_lean_forward(tab, u0, p, t0, tf, obs_t, Yd, Wd, cols,
+                                                      rtol, atol, dt, max_steps, stats)
+    if status != COM_SUCCESS:
+        return status, loss
+    n = u0.shape[0]
+    for m in range(p.shape[0]):
+        grad[m] = 0.0
+    lam = np.zeros(n)
+    adj_discrete(A, b, c, P, n_step, d_t, d_u, d_k, d_have, d_seg, n_steps, seg_rate, obs_t,
+                 G, p, ws, lam, grad, np.zeros((P.shape[0], n)), np.zeros(n), np.zeros(n))
+    stats[1] = 0
+    stats[2] = 0
+    return COM_SUCCESS, loss
+
+
+@jit
+def adj_lean_continuous(kind, tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt,
+                        max_steps, qx, qw, grad, stats):
+    """`adj_lean` with a continuous adjoint: ``kind`` ADJ_INTERP or ADJ_GAUSS (nodes ``qx``,
+    weights ``qw`` on [0, 1]); a separate function so the discrete path never compiles
+    `adj_solve`."""
+    (status, loss, G, A, b, e, c, P, n_step, end_stage, d_t, d_u, d_k, d_have, d_seg, n_steps,
+     ws, stops, seg_rate, U, atol) = adj_lean_forward(tab, u0, p, t0, tf, obs_t, Yd, Wd, cols,
+                                                      rtol, atol, dt, max_steps, stats)
+    if status != COM_SUCCESS:
+        return status, loss
+    n = u0.shape[0]
+    npar = p.shape[0]
     for m in range(npar):
         grad[m] = 0.0
-    if method == 0:
-        lam = np.zeros(n)
-        adj_discrete(A, b, c, P, n_step, d_t, d_u, d_k, d_have, d_seg, n_steps, seg_rate, obs_t,
-                     G, p, ws, lam, grad, np.zeros((s_all, n)), np.zeros(n), np.zeros(n))
-        stats[1] = 0
-        stats[2] = 0
-        return COM_SUCCESS, loss
-    kind = ADJ_INTERP if method == 1 else ADJ_GAUSS
+    no_i = np.zeros(0, dtype=np.int64)
+    no_f = np.zeros(0)
+    no = obs_t.shape[0] < 0
     nz = n + npar if kind == ADJ_INTERP else n
     z = np.zeros(nz)
     ast = np.zeros(3, dtype=np.int64)
@@ -658,6 +689,7 @@ def adj_lean(method, tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, atol, dt, ma
     amin = atol[0]
     for m in range(n):
         amin = min(amin, atol[m])
+    s_all = P.shape[0]
     status = adj_solve(kind, A, b, e, c, P, n_step, end_stage, d_t, d_u, d_k, d_have, d_seg,
                        n_steps, stops, seg_rate, no_i, no_i, no_f, obs_t, G, U, no, U,
                        p, ws, z, grad, rtol, amin, h0, max_steps, tab[6], tab[7], tab[8],

@@ -6,6 +6,8 @@ another state and an infusion. The reference is a central difference of the
 loss with solves at rtol = atol = 1e-12; the methods run at 1e-10.
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -185,7 +187,10 @@ def test_default_method_follows_the_rule():
     prob, data = _pk()
     assert isinstance(adjoints.default_sensealg(prob.model), adjoints.ForwardSensitivity)
     sp, _ = _spiral()
-    assert isinstance(adjoints.default_sensealg(sp.model), adjoints.GaussAdjoint)
+    assert isinstance(adjoints.default_sensealg(sp.model), adjoints.DiscreteAdjoint)
+    assert isinstance(adjoints.default_sensealg(sp.model, sciml.Rodas5()), adjoints.GaussAdjoint)
+    big = SimpleNamespace(n_states=80, n_params=1000)  # the rule reads only the sizes
+    assert isinstance(adjoints.default_sensealg(big), adjoints.GaussAdjoint)
 
 
 def test_a_failed_solve_gives_an_infinite_loss_and_a_warning():
