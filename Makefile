@@ -20,6 +20,7 @@ $(VENV)/.stamp-dev: pyproject.toml | $(BIN)/python
 
 demo: $(VENV)/.stamp-base
 	$(BIN)/python -m examples.matrix_exp_demo
+	$(BIN)/python -m examples.lotka_volterra_ude
 
 lint: $(VENV)/.stamp-dev
 	$(BIN)/ruff check nets sciml adjoints tests benchmarks examples

@@ -47,7 +47,8 @@ prob = sciml.ODEProblem(model, [0.44249296, 4.6280594], (0.0, 3.0), theta)
 sciml.solve(prob, sciml.Tsit5(), saveat=np.linspace(0, 3, 31))
 """,
 }
-CASES["ude_grad"] = CASES["ude_solve"].replace("sciml.solve(prob, sciml.Tsit5(), saveat=", "t = (") + """
+CASES["ude_grad"] = CASES["ude_solve"].replace("sciml.solve(prob, sciml.Tsit5(), saveat=",
+                                               "t = (") + """
 import adjoints
 data = sciml.Data(t, np.ones((31, 2)))
 for alg in (None, adjoints.DiscreteAdjoint(), adjoints.InterpolatingAdjoint()):

@@ -7,7 +7,12 @@ one of the solvers (`Tsit5` by default) in one compiled loop.
 """
 
 from ._trace import ModelError
+from .data import Data
+from .fit import LBFGS, FitResult, FitWarning, fit
+from .gradient import loss_and_grad, loss_value
+from .losses import SSE, GaussianNLL
 from .model import Model, NeuralODE
+from .population import Population
 from .problem import Bolus, Infusion, ODEProblem
 from .solution import Solution, SolveWarning
 from .solve import solve
@@ -19,5 +24,7 @@ from .solvers.tableaus import ButcherTableau
 __all__ = [
     "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "solve", "Solution",
     "SolveWarning", "Solver", "Tsit5", "DP5", "BS3", "Vern7", "RK4", "Euler", "Rodas5",
-    "ModelError", "ExplicitRK", "ButcherTableau",
+    "ModelError", "ExplicitRK", "ButcherTableau", "Data", "SSE", "GaussianNLL",
+    "loss_and_grad", "loss_value", "Population",
+    "fit", "FitResult", "FitWarning", "LBFGS",
 ]

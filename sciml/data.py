@@ -76,6 +76,7 @@ class Data:
         self.mask = np.isfinite(y)
         if not self.mask.any():
             raise ValueError("Data: every value of `y` is NaN: nothing to fit")
+        self._cols = (None, None)  # (model, its column indices), see `columns`
         if weights is None:
             self.weights = None
         else:
@@ -88,9 +89,21 @@ class Data:
             if not np.all(np.isfinite(w)) or np.any(w < 0):
                 raise ValueError("Data: `weights` must be finite and >= 0")
             self.weights = w
+        # What the loss kernels read: values with missing ones zeroed, and the weights with
+        # missing values' weights zeroed (so no mask is needed there).
+        self.y_filled = np.where(self.mask, y, 0.0)
+        w = np.ones_like(y) if self.weights is None else self.weights
+        self.w_masked = np.where(self.mask, w, 0.0)
 
     def columns(self, model):
         """Indices of the observed states (or observables) in ``model``'s order (int array)."""
+        if self._cols[0] is model:
+            return self._cols[1]
+        cols = self._columns(model)
+        self._cols = (model, cols)
+        return cols
+
+    def _columns(self, model):
         kind = self.kind
         pool = model.states if kind == "states" else model.obs_names
         names = self.names

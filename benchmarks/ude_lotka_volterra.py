@@ -1,0 +1,459 @@
+"""Benchmark 3, ``ude_lotka_volterra``: gradients and the whole fit of the Lotka-Volterra UDE.
+
+Scenario 1 of the UDE paper (Rackauckas et al. 2020): alpha, beta, gamma,
+delta = 1.3, 0.9, 0.8, 1.8; u0 = [0.44249296, 4.6280594]; tspan (0, 3); the
+full model observed at t = 0, 0.1, ..., 3 (31 points, SciPy DOP853 at rtol =
+atol = 1e-12) plus noise 0.05 * mean(state over time) * randn (NumPy
+``default_rng(1234)``). The UDE, as in the paper, keeps the known linear
+terms and starts from the first noisy observation:
+
+    dx/dt = alpha x + U1(x, y),    dy/dt = -delta y + U2(x, y),
+
+U = Dense(2 -> 5, rbf), Dense(5 -> 5, rbf), Dense(5 -> 5, rbf), Dense(5 -> 2),
+rbf(z) = exp(-z^2), fed the raw states (the paper's setup), 87 weights in
+nets' flat layout (``Chain.init_params(seed=0)``, copied into the peer).
+Loss: sum of squared errors against the noisy data.
+
+Two work units:
+
+- ``grad``: one loss + gradient at the initial weights, Tsit5, rtol = atol =
+  1e-6: ours with every ``adjoints`` method, and diffrax (jitted
+  ``value_and_grad``, RecursiveCheckpointAdjoint, Tsit5, PIDController, the
+  same flat parameters through a pure-JAX MLP). Quality: the loss and the
+  relative 2-norm error of the gradient against a reference from diffrax at
+  rtol = atol = 1e-12 (cross-checked by central differences of a SciPy
+  DOP853 loss at 1e-12 on a few weights; central differences on every weight
+  when JAX is missing).
+- ``fit``: our whole fit, ``sciml.fit`` with Adam(0.1) x 200 then L-BFGS to
+  convergence (at most 10,000 iterations), with the default adjoint and with
+  DiscreteAdjoint (the exact gradient of the computed loss). Quality: the
+  final loss, the noise level (sum of the squared noise: what the true model
+  leaves), and the relative error of the learned U against the missing terms
+  (-beta x y, gamma x y) along the true trajectory at the 31 times.
+
+Run as ``python -m benchmarks.ude_lotka_volterra [--quick] [--json PATH] [--threads N]``.
+"""
+
+from __future__ import annotations
+
+import os
+
+# scipy's L-BFGS-B (the fit) calls OpenBLAS on tiny arrays: several BLAS threads only add
+# hand-off latency (up to 100x per step on a busy 2-core machine). Set before numpy loads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import io  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+from scipy.integrate import solve_ivp  # noqa: E402
+
+from benchmarks import _harness as H  # noqa: E402
+
+ALPHA, BETA, GAMMA, DELTA = 1.3, 0.9, 0.8, 1.8
+U0 = np.array([0.44249296, 4.6280594])
+TSPAN = (0.0, 3.0)
+TS = np.linspace(0.0, 3.0, 31)
+NOISE, NOISE_SEED, INIT_SEED = 0.05, 1234, 0
+SIZES = (2, 5, 5, 5, 2)
+N_PARAMS = sum(i * o + o for i, o in zip(SIZES[:-1], SIZES[1:]))  # 87
+RTOL = ATOL = 1e-6
+TIGHT = 1e-12
+# Our rows: (row name, adjoints class name, constructor keywords).
+OUR_METHODS = [
+    ("ours-interp", "InterpolatingAdjoint", {}),
+    ("ours-backsolve", "BacksolveAdjoint", {}),
+    ("ours-gauss", "GaussAdjoint", {}),
+    ("ours-quadrature", "QuadratureAdjoint", {}),
+    ("ours-forward", "ForwardSensitivity", {}),
+    ("ours-discrete", "DiscreteAdjoint", {}),
+]
+
+
+# --------------------------------------------------------------------------- problem (NumPy)
+
+
+def full_rhs(t, u):
+    x, y = u
+    return [ALPHA * x - BETA * x * y, GAMMA * x * y - DELTA * y]
+
+
+def data() -> tuple[np.ndarray, np.ndarray]:
+    """(truth (31, 2) at rtol = atol = 1e-12, noisy observations (31, 2))."""
+    r = solve_ivp(full_rhs, TSPAN, U0, method="DOP853", t_eval=TS, rtol=TIGHT, atol=TIGHT)
+    if not r.success:
+        raise RuntimeError(f"truth: solve_ivp failed: {r.message}")
+    X = r.y.T.copy()
+    rng = np.random.default_rng(NOISE_SEED)
+    return X, X + NOISE * X.mean(axis=0) * rng.standard_normal(X.shape)
+
+
+def glorot_params(seed: int = INIT_SEED) -> np.ndarray:
+    """The draw of ``nets.Chain.init_params(seed)`` (Glorot-uniform W, zero b), for peers only."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for fan_in, fan_out in zip(SIZES[:-1], SIZES[1:]):
+        lim = np.sqrt(6.0 / (fan_in + fan_out))
+        parts += [rng.uniform(-lim, lim, size=(fan_out, fan_in)).ravel(), np.zeros(fan_out)]
+    return np.concatenate(parts)
+
+
+def layers(p, xp=np):
+    """[(W (out, in), b (out,)), ...] views of the flat vector in nets' layout."""
+    out, k = [], 0
+    for fan_in, fan_out in zip(SIZES[:-1], SIZES[1:]):
+        W = xp.reshape(p[k:k + fan_in * fan_out], (fan_out, fan_in))
+        k += fan_in * fan_out
+        out.append((W, p[k:k + fan_out]))
+        k += fan_out
+    return out
+
+
+def mlp(p, x, xp=np):
+    """U(x) for one state (2,) or a batch (N, 2); rbf hidden layers, linear output."""
+    h = x
+    ls = layers(p, xp)
+    for i, (W, b) in enumerate(ls):
+        h = h @ W.T + b
+        if i < len(ls) - 1:
+            h = xp.exp(-h * h)
+    return h
+
+
+def ude_rhs(p):
+    def f(t, u):
+        z = mlp(p, u)
+        return [ALPHA * u[0] + z[0], -DELTA * u[1] + z[1]]
+
+    return f
+
+
+def scipy_loss(p, Xn, tol=TIGHT) -> float:
+    r = solve_ivp(ude_rhs(p), TSPAN, Xn[0], method="DOP853", t_eval=TS, rtol=tol, atol=tol)
+    if not r.success:
+        raise RuntimeError(f"scipy_loss: solve_ivp failed: {r.message}")
+    return float(np.sum((r.y.T - Xn) ** 2))
+
+
+def central_differences(p, Xn, coords, h=1e-5) -> np.ndarray:
+    out = []
+    for i in coords:
+        e = np.zeros_like(p)
+        e[i] = h * max(1.0, abs(p[i]))
+        out.append((scipy_loss(p + e, Xn) - scipy_loss(p - e, Xn)) / (2 * e[i]))
+    return np.array(out)
+
+
+def missing_terms(X):
+    xy = X[:, 0] * X[:, 1]
+    return np.stack([-BETA * xy, GAMMA * xy], axis=1)
+
+
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
+
+
+# --------------------------------------------------------------------------- timing helper
+
+
+class Work:
+    """``fn() -> (loss, grad)`` repeated so that a timed round lasts about ``target_s``."""
+
+    def __init__(self, name, fn, target_s, max_units=2000):
+        self.fn, self.target_s, self.max_units = fn, target_s, max_units
+        self.result = None
+        self._calibrated = False
+        self.impl = H.Impl(name, run=self.run, warmup=self.warmup, setup=self.setup)
+
+    def warmup(self):
+        try:
+            v, g = self.fn()
+        except NotImplementedError as e:  # a method not there yet is a reason, not a failure
+            self.impl.error = f"not implemented: {e}"[:200]
+            print(f"[{self.impl.name}] skipped: NotImplementedError: {e}", file=sys.stderr)
+            return
+        self.result = (float(v), np.asarray(g, dtype=np.float64).ravel())
+
+    def setup(self):
+        if not self._calibrated:
+            t0 = time.perf_counter()
+            self.fn()
+            dt = time.perf_counter() - t0
+            self.impl.units = int(min(self.max_units, max(1, round(self.target_s / dt))))
+            self._calibrated = True
+
+    def run(self):
+        for _ in range(self.impl.units):
+            self.fn()
+
+
+# --------------------------------------------------------------------------- ours
+
+
+def our_setup(Xn):
+    """(sciml, nets, model, chain, prob, data, theta, note) or raises."""
+    import nets
+    import sciml
+    from nets import Chain, Dense
+
+    chain = Chain(2, Dense(5, "rbf"), Dense(5, "rbf"), Dense(5, "rbf"), Dense(2))
+
+    def lv_ude(u, p, t, nets):
+        x, y = u
+        z = nets.U(u)
+        return [ALPHA * x + z[0], -DELTA * y + z[1]]
+
+    model = sciml.Model(lv_ude, states=["x", "y"], params=[], nets={"U": chain})
+    theta = model.init_params(seed=INIT_SEED)
+    prob = sciml.ODEProblem(model, Xn[0], TSPAN, theta)
+    d = sciml.Data(t=TS, y=Xn)
+    # Our traced model must be the network the peer runs.
+    u = sciml.solve(prob, sciml.Tsit5(), rtol=1e-10, atol=1e-10, saveat=TS).u
+    r = solve_ivp(ude_rhs(theta), TSPAN, Xn[0], method="DOP853", t_eval=TS, rtol=1e-10,
+                  atol=1e-10)
+    err = float(np.abs(u - r.y.T).max())
+    note = f"our traced model vs the NumPy network: max |u diff| {err:.2g} at rtol 1e-10"
+    if not np.array_equal(theta, glorot_params()):
+        note += " [WARNING: init_params differs from the peers' Glorot draw; peers get ours]"
+    if not err < 1e-7:
+        note += " [WARNING: not the same network]"
+    return sciml, nets, model, chain, prob, d, theta, note
+
+
+def our_grad_impls(ours, target_s):
+    names = [n for n, _, _ in OUR_METHODS]
+    if isinstance(ours, str):
+        return [H.Impl(n, error=ours) for n in names]
+    sciml, _, _, _, prob, d, theta, _ = ours
+    adjoints, aerr = H.optional_import("adjoints")  # lazily: it lands with the lead's work
+    out = []
+    for name, cls, kw in OUR_METHODS:
+        if aerr is not None or not hasattr(adjoints, cls):
+            why = f"adjoints: {aerr}" if aerr else f"adjoints.{cls} not available yet"
+            out.append(H.Impl(name, error=why))
+            continue
+        try:
+            alg = getattr(adjoints, cls)(**kw)
+        except Exception as e:  # e.g. a keyword not supported yet
+            out.append(H.Impl(name, error=H.error_text(e)))
+            continue
+
+        def fn(alg=alg):
+            return sciml.loss_and_grad(prob, d, loss=sciml.SSE(), solver=sciml.Tsit5(),
+                                       sensealg=alg, rtol=RTOL, atol=ATOL, params=theta)
+
+        out.append(Work(name, fn, target_s))
+    return out
+
+
+def our_fit_impl(ours, X, Xn, quick, name="ours-fit", sensealg=None):
+    """The whole fit as one unit of work; quality filled in by each run.
+
+    ``sensealg`` is the name of an adjoints class (None: sciml's default choice).
+    """
+    if isinstance(ours, str):
+        return H.Impl(name, error=ours), {}
+    sciml, nets, model, chain, prob, d, theta, _ = ours
+    alg = None
+    if sensealg is not None:
+        adjoints, err = H.optional_import("adjoints")
+        if err is not None or not hasattr(adjoints, sensealg):
+            return H.Impl(name, error=err or f"adjoints.{sensealg} not available yet"), {}
+        alg = getattr(adjoints, sensealg)()
+    iters = (50, 100) if quick else (200, 10_000)
+    quality = {}
+
+    def run():
+        res = sciml.fit(prob, d, optimizers=[nets.Adam(0.1, iters=iters[0]),
+                                             sciml.LBFGS(iters=iters[1])],
+                        sensealg=alg, rtol=RTOL, atol=ATOL, progress=False)
+        U = chain(X, res.params[model.param_slices["U"]])
+        quality.update(final_loss=res.loss, noise_sse=float(np.sum((Xn - X) ** 2)),
+                       u_rel_err=rel_err(U, missing_terms(X)), n_iters=res.n_iters,
+                       n_evals=res.n_evals, ms_per_eval=None)
+        quality["_evals"] = res.n_evals
+
+    def warmup():
+        sciml.loss_and_grad(prob, d, sensealg=alg, params=theta)  # compile or load the kernels
+
+    return H.Impl(name, run=run, warmup=warmup), quality
+
+
+# --------------------------------------------------------------------------- diffrax peer
+
+
+def setup_jax(threads):
+    """Import JAX in float64 on the CPU with the thread flags set first; (jax or None, note)."""
+    note = "XLA default (all cores)"
+    if threads < H.available_cpus():
+        flag = ("--xla_cpu_multi_thread_eigen=false" if threads == 1
+                else f"intra_op_parallelism_threads={threads}")
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+        note = f"XLA_FLAGS {flag} (best effort)"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    jax, err = H.optional_import("jax")
+    if err is not None:
+        return None, err
+    jax.config.update("jax_enable_x64", True)
+    return jax, note
+
+
+def diffrax_loss_and_grad(jax, diffrax, Xn, rtol, atol, max_steps=4096):
+    """Jitted ``p -> (loss, grad)``: the UDE in pure JAX on the flat vector p, diffrax Tsit5."""
+    jnp = jax.numpy
+
+    def vf(t, u, p):
+        z = mlp(p, u, jnp)
+        return jnp.stack([ALPHA * u[0] + z[0], -DELTA * u[1] + z[1]])
+
+    term = diffrax.ODETerm(vf)
+    y0, ts, Y = jnp.asarray(Xn[0]), jnp.asarray(TS), jnp.asarray(Xn)
+
+    def loss(p):
+        sol = diffrax.diffeqsolve(
+            term, diffrax.Tsit5(), TSPAN[0], TSPAN[1], None, y0, args=p,
+            saveat=diffrax.SaveAt(ts=ts), adjoint=diffrax.RecursiveCheckpointAdjoint(),
+            max_steps=max_steps, stepsize_controller=diffrax.PIDController(rtol=rtol, atol=atol))
+        return jnp.sum((sol.ys - Y) ** 2)
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def diffrax_impl(jax, jerr, p0, Xn, target_s):
+    diffrax, err = (None, jerr) if jax is None else H.optional_import("diffrax")
+    if err is not None:
+        return H.Impl("diffrax-recursive", error=err)
+    vg = diffrax_loss_and_grad(jax, diffrax, Xn, RTOL, ATOL)
+    p = jax.numpy.asarray(p0)
+
+    def fn():
+        v, g = jax.block_until_ready(vg(p))
+        return float(v), np.asarray(g)
+
+    return Work("diffrax-recursive", fn, target_s)
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def reference_gradient(jax, p0, Xn):
+    """(loss, gradient, lines): diffrax at 1e-12, checked by central differences."""
+    lines = []
+    diffrax, err = (None, "jax unavailable") if jax is None else H.optional_import("diffrax")
+    if err is None:
+        t0 = time.perf_counter()
+        vg = diffrax_loss_and_grad(jax, diffrax, Xn, TIGHT, TIGHT, max_steps=200_000)
+        v, g = jax.block_until_ready(vg(jax.numpy.asarray(p0)))
+        v, g = float(v), np.asarray(g, dtype=np.float64)
+        lines.append(f"reference: diffrax Tsit5 + RecursiveCheckpointAdjoint at rtol = atol = "
+                     f"1e-12 ({time.perf_counter() - t0:.1f} s); loss {v:.10g}")
+        order = np.argsort(np.abs(g))
+        coords = sorted({int(order[-1]), int(order[-2]), int(order[len(order) // 2])})
+    else:
+        coords = list(range(N_PARAMS))
+        lines.append(f"reference: central differences of the SciPy DOP853 loss at 1e-12 on "
+                     f"every weight (diffrax: {err})")
+        v, g = scipy_loss(p0, Xn), None
+    fd = central_differences(p0, Xn, coords)
+    if g is None:
+        return v, fd, lines
+    rel = np.abs(fd - g[coords]) / np.maximum(np.abs(g[coords]), 1e-300)
+    lines.append("  vs central differences (step 1e-5) of the SciPy DOP853 loss at 1e-12: "
+                 + ", ".join(f"theta[{i}] rel {r:.1e}" for i, r in zip(coords, rel)))
+    if rel.max() > 1e-5:
+        lines.append("  [WARNING: the reference gradient does not agree with its cross-check]")
+    return v, g, lines
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+    args = H.make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    threads = max(1, args.threads)
+    rounds, target_s, fit_rounds = (2, 0.05, 1) if args.quick else (7, 0.3, 3)
+    jax, jnote = setup_jax(threads)
+    jerr = None if jax is not None else jnote
+
+    X, Xn = data()
+    try:
+        ours = our_setup(Xn)
+        p0, model_note = ours[6], ours[7]
+    except Exception as e:  # ours broken: every row says why, the peer still runs
+        ours, p0, model_note = H.error_text(e), glorot_params(), None
+    ref_v, ref_g, ref_lines = reference_gradient(jax, p0, Xn)
+
+    machine = H.machine_info(threads)
+    print(f"ude_lotka_volterra: UDE paper scenario 1, 31 points with {100 * NOISE:g} % noise; "
+          f"U = 2 -> 5 rbf -> 5 rbf -> 5 rbf -> 2 ({N_PARAMS} weights), raw state inputs; "
+          f"SSE; Tsit5, rtol = atol = {RTOL:g}{' [--quick]' if args.quick else ''}")
+    print(f"machine: {machine['cpus']} cpus, {machine['cpu']}; threads {threads} (jax {jnote}); "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS')}; {H.busy_note()}")
+    if model_note:
+        print(model_note)
+    for line in ref_lines:
+        print(line)
+    print()
+
+    # --- one loss + gradient
+    works = our_grad_impls(ours, target_s) + [diffrax_impl(jax, jerr, p0, Xn, target_s)]
+    impls = [w.impl if isinstance(w, Work) else w for w in works]
+    mon = H.OtherLoad().start()
+    H.time_alternating(impls, rounds)
+    grad_load = H.OtherLoad.note(mon.stop(), "during the timing")
+    grad_rows = []
+    for w in works:
+        q = None
+        if isinstance(w, Work) and w.result is not None:
+            v, g = w.result
+            q = {"loss": v, "grad_rel_err": rel_err(g, ref_g) if g.shape == ref_g.shape
+                 else float("nan")}
+        grad_rows.append(H.result_row(w.impl if isinstance(w, Work) else w, "grad", q))
+    ok = [r for r in grad_rows if r["impl"].startswith("ours") and r.get("median_s")]
+    fastest = min(ok, key=lambda r: r["median_s"])["impl"] if ok else "ours-interp"
+    print("== one loss + gradient at the initial weights (grad_rel_err vs the reference; "
+          "first call = compile or cache load + one gradient)")
+    H.print_table(grad_rows, ours=fastest)
+    print(grad_load)
+
+    # --- the whole fit
+    fits = [our_fit_impl(ours, X, Xn, args.quick),
+            our_fit_impl(ours, X, Xn, args.quick, "ours-fit-discrete", "DiscreteAdjoint")]
+    mon = H.OtherLoad().start()
+    H.time_alternating([f for f, _ in fits], fit_rounds)
+    fit_load = H.OtherLoad.note(mon.stop(), "during the timing")
+    fit_rows = []
+    for fit_impl, fit_q in fits:
+        if fit_q and fit_impl.times:
+            fit_q["ms_per_eval"] = 1e3 * float(np.median(fit_impl.times)) / fit_q["_evals"]
+        fit_q.pop("_evals", None)
+        fit_rows.append(H.result_row(fit_impl, "fit", fit_q))
+    iters = "Adam(0.1) x 50 + L-BFGS x 100 [--quick]" if args.quick else \
+        "Adam(0.1) x 200 + L-BFGS to convergence (<= 10,000)"
+    print(f"\n== the whole fit: {iters}; ours-fit with the default adjoint, ours-fit-discrete "
+          "with DiscreteAdjoint; u_rel_err = |U - (-beta x y, gamma x y)| / |...| along the "
+          "true trajectory; noise_sse = what the true model leaves")
+    buf = io.StringIO()
+    H.print_table(fit_rows, ours="ours-fit", file=buf)
+    # No peer here: the ratio of the two fits of ours says nothing about speed alone (they
+    # run different numbers of iterations), so the table's ratios line is left out.
+    print("\n".join(ln for ln in buf.getvalue().splitlines() if not ln.startswith("ratios")))
+    print(fit_load)
+
+    if args.json:
+        rows = [dict(r, work="grad") for r in grad_rows] + [dict(r, work="fit")
+                                                             for r in fit_rows]
+        doc = {"bench": "ude_lotka_volterra", "machine": machine, "results": rows,
+               "ratios": H.ratios(grad_rows, ours=fastest)}
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1)
+            fh.write("\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

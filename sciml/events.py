@@ -1,0 +1,761 @@
+"""Event tables (NONMEM / nlmixr2 / Pumas convention) -> one ODE problem and `Data` per subject.
+
+`read_events` reads a table with one record per row: doses (``EVID`` 1 or
+4, or a classic rxode2 bolus code such as 101), observations (``EVID`` 0)
+and other events, grouped by subject (``ID``). Column names are matched
+case-insensitively:
+
+==========  ==============================================================
+ID          subject identifier (any value; a subject's rows are contiguous)
+TIME        record time, >= 0, non-decreasing within a subject
+AMT         dose amount (> 0 on dose rows; 0 or missing elsewhere)
+DV          observed value (observation rows); missing or 0 on dose rows
+EVID        0 observation, 1 dose, 2 other, 3 reset, 4 reset + dose;
+            ``100*c + 1`` (classic rxode2) = bolus into compartment ``c``
+CMT         dose compartment (optional when `compartments` has one entry);
+            on observation rows it may select the observable
+RATE, DUR   infusion rate or duration (optional); RATE = -1/-2 refused
+MDV         1 = not an observation (optional)
+II, ADDL    interdose interval and number of additional doses (optional)
+SS          steady state: only 0 is supported (optional)
+DVID        which output an observation measures (optional)
+others      covariates (or only those named by ``covariates=``)
+==========  ==============================================================
+
+A missing value is an empty cell, ``.`` (NONMEM's missing), ``NA`` or NaN.
+Errors name the row: ``line N`` of a CSV file (the header is line 1), or
+``row <index label>`` of a DataFrame.
+
+Decisions (each also stated where it applies):
+
+- Duplicated observations (same subject, time and observable) are refused by
+  default; ``duplicates="mean"`` merges them into their mean with a weight
+  equal to their count, which leaves `sciml.SSE` unchanged up to a constant.
+- Observations of different observables at one time share a `Data` row (NaN
+  where a column is not measured).
+- A covariate is read per subject; one that changes within a subject is
+  taken at its first non-missing value with a warning (``time_varying=
+  "first"``, the default) or refused (``time_varying="error"``).
+- EVID 2 rows carry no dose and no observation; their times extend the
+  default time span and their covariate values are read.
+- EVID 3/4 (reset) as a subject's first record just starts the record;
+  later resets are refused, or with ``reset="split"`` start a new occasion:
+  a separate `Subject` (same ``id``, next ``occasion``) starting at the
+  reset time from ``u0``.
+- An observation listed before a bolus at the same time is a pre-dose
+  sample in NONMEM, but sciml states are right-continuous at a bolus (the
+  solution there is the post-dose value): such rows give a warning.
+
+pandas is not needed: a CSV file is read with the `csv` module, and a
+DataFrame (or a mapping of column name -> sequence) is read column by column.
+"""
+
+import csv
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .data import Data
+from .problem import Bolus, Infusion, ODEProblem
+
+__all__ = ["Subject", "read_events"]
+
+# Column roles of the convention; everything else may be a covariate.
+_ROLES = ("ID", "TIME", "AMT", "DV", "EVID", "CMT", "RATE", "DUR", "MDV", "II", "ADDL", "SS",
+          "DVID")
+_MISSING_TEXT = {"", ".", "na", "nan", "null", "none", "<na>"}
+
+
+# --------------------------------------------------------------------- Subject
+
+
+@dataclass
+class Subject:
+    """One subject (or one occasion of a subject) of an event table.
+
+    Attributes
+    ----------
+    id : object
+        The subject's ``ID`` as in the table (an int where it is integral).
+    problem : sciml.ODEProblem
+        Doses as `sciml.Bolus` / `sciml.Infusion`, time span covering the
+        subject's records, ``u0`` and ``params``.
+    data : sciml.Data or None
+        The observations (EVID 0, MDV 0, DV present); None when the subject
+        has none (a warning says so).
+    covariates : dict
+        Covariate name (as spelled in the table) -> value (float, or str for
+        text columns such as ``sex``).
+    occasion : int
+        0, or the occasion number when ``reset="split"`` split the record.
+    rows : tuple of str
+        Where the subject's records are in the table (``line N`` / ``row L``).
+    """
+
+    id: object
+    problem: ODEProblem
+    data: Data | None
+    covariates: dict
+    occasion: int = 0
+    rows: tuple = field(default=(), repr=False)
+
+    def params_with(self, theta=None, **rules):
+        """A copy of ``theta`` with mechanistic parameters set from this subject's covariates.
+
+        Parameters
+        ----------
+        theta : array_like, optional
+            The flat parameter vector to start from (default: ``problem.params``).
+        **rules
+            ``name=rule`` for a mechanistic parameter ``name`` of the model:
+            a covariate name (str) puts that covariate's value into ``name``;
+            a callable ``rule(value, covariates)`` gets the parameter's current
+            value and the covariates dict and returns the new value; a number
+            sets it.
+
+        Returns
+        -------
+        ndarray, (model.n_params,)
+
+        Examples
+        --------
+        >>> theta_i = subject.params_with(theta, V=lambda V, c: V * c["WT"] / 70.0)
+        >>> theta_i = subject.params_with(theta, WT="WT")   # model parameter WT := covariate
+        """
+        model = self.problem.model
+        theta = np.array(self.problem.params if theta is None else theta, dtype=np.float64)
+        if theta.shape != (model.n_params,):
+            raise ValueError(f"Subject.params_with: `theta` must have length {model.n_params} "
+                             f"(model.n_params), got shape {theta.shape}")
+        return _apply_rules(model, theta, rules, self.covariates, f"subject {self.id!r}")
+
+    def with_params(self, theta=None, **rules):
+        """This subject with ``problem.params`` replaced by `params_with(theta, **rules)`."""
+        theta = self.params_with(theta, **rules)
+        return Subject(self.id, self.problem.remake(params=theta), self.data, self.covariates,
+                       self.occasion, self.rows)
+
+
+def _apply_rules(model, theta, rules, covariates, who):
+    for name, rule in rules.items():
+        if name not in model.params:
+            raise ValueError(f"covariate rule for {name!r}: not a mechanistic parameter of the "
+                             f"model; parameters: {', '.join(model.params) or '(none)'}")
+        k = model.param_slices[name].start
+        if isinstance(rule, str):
+            if rule not in covariates:
+                raise ValueError(f"covariate rule {name}={rule!r}: {who} has no covariate "
+                                 f"{rule!r}; covariates: {', '.join(covariates) or '(none)'}")
+            value = covariates[rule]
+        elif callable(rule):
+            value = rule(float(theta[k]), covariates)
+        else:
+            value = rule
+        if isinstance(value, (bool, np.bool_)) or not isinstance(
+                value, (int, float, np.integer, np.floating)) or not np.isfinite(value):
+            raise ValueError(f"covariate rule for {name!r} gave {value!r} for {who}; a finite "
+                             "number is needed")
+        theta[k] = float(value)
+    return theta
+
+
+# ----------------------------------------------------------------- the table
+
+
+class _Table:
+    """Raw columns of an event table, with a label per row for messages."""
+
+    def __init__(self, table):
+        if isinstance(table, (str, os.PathLike)):
+            self._from_csv(os.fspath(table))
+        elif hasattr(table, "columns") and hasattr(table, "index"):  # a pandas DataFrame
+            names = [str(c) for c in table.columns]
+            self.raw = {n: list(table[c].to_numpy(dtype=object))
+                        for n, c in zip(names, table.columns)}
+            self.labels = [f"row {i!r}" for i in table.index]
+            self.source = "DataFrame"
+            self.names = names
+        elif isinstance(table, dict):
+            self.names = [str(c) for c in table]
+            cols = [list(v) for v in table.values()]
+            lengths = {len(c) for c in cols}
+            if len(lengths) > 1:
+                raise ValueError(f"read_events: the columns of `table` have different lengths "
+                                 f"{sorted(lengths)}")
+            self.raw = dict(zip(self.names, cols))
+            self.labels = [f"row {i}" for i in range(lengths.pop() if lengths else 0)]
+            self.source = "table"
+        else:
+            raise TypeError("read_events: `table` must be a pandas DataFrame, a CSV path or a "
+                            f"dict of columns, got {type(table).__name__}")
+        self.n = len(self.labels)
+        if self.n == 0:
+            raise ValueError(f"read_events: the {self.source} has no rows")
+        upper = {}
+        for n in self.names:
+            key = n.strip().upper()
+            if key in upper:
+                raise ValueError(f"read_events: columns {upper[key]!r} and {n!r} differ only in "
+                                 "case; column names are matched case-insensitively")
+            upper[key] = n
+        self.upper = upper
+
+    def _from_csv(self, path):
+        try:
+            f = open(path, newline="", encoding="utf-8-sig")
+        except OSError as e:
+            raise ValueError(f"read_events: cannot open {path!r}: {e.strerror}") from None
+        with f:
+            reader = csv.reader(f)
+            header, rows, labels = None, [], []
+            for rec in reader:
+                if not rec or (len(rec) == 1 and not rec[0].strip()):
+                    continue  # blank line
+                if rec[0].lstrip().startswith("#"):
+                    continue  # comment line
+                if header is None:
+                    header = [h.strip() for h in rec]
+                    continue
+                if len(rec) != len(header):
+                    raise ValueError(f"read_events: {path}, line {reader.line_num}: "
+                                     f"{len(rec)} fields, the header has {len(header)}")
+                rows.append(rec)
+                labels.append(f"line {reader.line_num}")
+        if header is None:
+            raise ValueError(f"read_events: {path} has no header line")
+        self.names = header
+        self.raw = {h: [r[j] for r in rows] for j, h in enumerate(header)}
+        self.labels = labels
+        self.source = os.path.basename(path)
+
+    def column(self, role):
+        """The actual name of the column for ``role`` (case-insensitive), or None."""
+        return self.upper.get(role.strip().upper())
+
+    def where(self, i, col=None):
+        s = f"read_events: {self.source}, {self.labels[i]}"
+        return s if col is None else f"{s}, column {col!r}"
+
+    def numbers(self, col, integer=False):
+        """Column ``col`` as float64, NaN where missing; non-numeric entries raise."""
+        out = np.empty(self.n)
+        for i, v in enumerate(self.raw[col]):
+            x = _float_or_none(v)
+            if x is None:
+                raise ValueError(f"{self.where(i, col)}: expected a number, got {v!r}")
+            if math.isinf(x):
+                raise ValueError(f"{self.where(i, col)}: expected a finite number, got {v!r}")
+            if integer and not math.isnan(x) and x != int(x):
+                raise ValueError(f"{self.where(i, col)}: expected an integer, got {v!r}")
+            out[i] = x
+        return out
+
+
+def _float_or_none(v):
+    """float(v); NaN for a missing value; None when ``v`` is not a number."""
+    if v is None:
+        return math.nan
+    if isinstance(v, (bool, np.bool_)):
+        return None
+    if isinstance(v, str):
+        s = v.strip()
+        if s.lower() in _MISSING_TEXT:
+            return math.nan
+        try:
+            return float(s)
+        except ValueError:
+            return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan if str(v) in ("<NA>", "NaT") else None
+
+
+def _key(v):
+    """A table value normalised for matching: integral numbers -> int, text -> stripped str."""
+    x = _float_or_none(v)
+    if x is None:
+        return str(v).strip()
+    if math.isnan(x):
+        return None
+    return int(x) if x == int(x) else x
+
+
+def _value(v):
+    """A covariate value: float where numeric, else the text; None where missing."""
+    x = _float_or_none(v)
+    if x is None:
+        return str(v).strip() if isinstance(v, str) else v
+    return None if math.isnan(x) else x
+
+
+# --------------------------------------------------------------- read_events
+
+
+def read_events(table, model, compartments, observable=None, params=None, covariates=None,
+                tspan=None, u0=None, *, id_col="ID", time_col="TIME", dv_col="DV",
+                obs_col=None, duplicates="error", time_varying="first", reset="error",
+                covariate_params=None):
+    """Read an event table into one `Subject` (problem, data, covariates) per subject.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame, str or path, or dict of columns
+        Records in the NONMEM / nlmixr2 / Pumas convention (see the module
+        docstring for the columns); a str or path is read as CSV (``#``
+        lines are comments).
+    model : sciml.Model
+    compartments : mapping
+        Compartment (``CMT`` value, usually a number) -> name of the model
+        state doses go into, e.g. ``{1: "depot", 2: "central"}``.
+    observable : str or mapping, optional
+        The model observable (or state) that ``DV`` measures; or a mapping
+        from the ``DVID`` (else ``CMT``) value of an observation row to the
+        observable it measures, e.g. ``{"cp": "conc", "pca": "effect"}``; the
+        Data then has one column per observable, NaN where one is not
+        measured at a time. Default: the model's only observable.
+    params : array_like or callable, optional
+        The flat parameter vector of every subject's problem, or
+        ``params(covariates) -> theta`` per subject. Default: the given
+        theta is needed unless the model has no mechanistic parameters.
+    covariates : sequence of str, optional
+        Covariate columns to read (default: every column that is not one of
+        the convention's).
+    tspan : (t0, tf), optional
+        The same time span for every subject. Default: from the subject's
+        first record (a reset's time for a later occasion) to its last.
+    u0 : array_like or callable, optional
+        Initial state (default zeros), or ``u0(covariates) -> array``.
+    id_col, time_col, dv_col : str
+        Names of the ID, TIME and DV columns (case-insensitive).
+    obs_col : str, optional
+        The column that selects the observable when `observable` is a
+        mapping (default ``DVID`` if present, else ``CMT``).
+    duplicates : {"error", "mean"}
+        Several observations of one observable at one time in one subject:
+        refused, or merged into their mean with weight = their count (for
+        `sciml.SSE` the same loss up to a constant; `sciml.GaussianNLL`
+        ignores weights and counts the mean once).
+    time_varying : {"first", "error"}
+        A covariate that changes within a subject: take its first
+        non-missing value and warn, or refuse.
+    reset : {"error", "split"}
+        EVID 3/4 after a subject's first record: refuse, or start a new
+        occasion (a separate Subject with the same id).
+    covariate_params : dict, optional
+        Rules of `Subject.params_with` applied to every subject's params,
+        e.g. ``{"V": lambda V, c: V * c["WT"] / 70}``.
+
+    Returns
+    -------
+    list of Subject
+        In table order (occasions of a subject in time order).
+
+    Raises
+    ------
+    ValueError
+        Naming the row and column: missing required columns, non-numeric or
+        negative times, times decreasing within a subject, a subject's rows
+        not contiguous, a dose into an unknown compartment, AMT <= 0 on a
+        dose row, DV (other than missing or 0) on a dose row, AMT on a
+        non-dose row, SS != 0, modelled RATE/DUR, unsupported EVID,
+        duplicated observations (unless ``duplicates="mean"``).
+
+    Examples
+    --------
+    >>> subjects = sciml.data.read_events("theo_sd.csv", pk, {1: "depot"}, "conc",
+    ...                                   params=theta)
+    >>> fit = sciml.fit([s.problem for s in subjects], [s.data for s in subjects], ...)
+    """
+    for name, val, ok in (("duplicates", duplicates, ("error", "mean")),
+                          ("time_varying", time_varying, ("first", "error")),
+                          ("reset", reset, ("error", "split"))):
+        if val not in ok:
+            raise ValueError(f"read_events: `{name}` must be one of {ok}, got {val!r}")
+    comp = _compartments(compartments, model)
+    obs_kind, obs_names, obs_map = _observables(observable, model)
+    tab = _Table(table)
+
+    # Required columns, with the names the caller chose for ID / TIME / DV.
+    role_col = {"ID": id_col, "TIME": time_col, "DV": dv_col}
+    cols = {r: tab.column(role_col.get(r, r)) for r in _ROLES}
+    required = ["ID", "TIME", "AMT", "DV", "EVID"] + ([] if len(comp) == 1 else ["CMT"])
+    missing = [role_col.get(r, r) for r in required if cols[r] is None]
+    if missing:
+        why = "" if "CMT" not in required else (" (CMT is needed because `compartments` has "
+                                                f"{len(comp)} entries)")
+        raise ValueError(f"read_events: the {tab.source} lacks required column(s) "
+                         f"{', '.join(missing)}{why}; its columns are {', '.join(tab.names)}")
+    if obs_map is not None:
+        key_col = tab.column(obs_col) if obs_col is not None else (cols["DVID"] or cols["CMT"])
+        if key_col is None:
+            raise ValueError(f"read_events: `observable` is a mapping but the {tab.source} has "
+                             f"no {obs_col if obs_col is not None else 'DVID or CMT'} column "
+                             "to tell which observable a DV row measures")
+    else:
+        key_col = None
+    used = {c for c in cols.values() if c is not None} | {key_col}
+    cov_cols = _covariate_columns(covariates, tab, used)
+
+    # Parse the columns (errors name the first bad entry).
+    num = {}
+    for r, integer in (("TIME", False), ("AMT", False), ("DV", False), ("EVID", True),
+                       ("RATE", False), ("DUR", False), ("MDV", True), ("II", False),
+                       ("ADDL", True), ("SS", True)):
+        if cols[r] is not None:
+            num[r] = tab.numbers(cols[r], integer)
+    time = num["TIME"]
+    zero = np.zeros(tab.n)
+    amt, evid = np.nan_to_num(num["AMT"]), np.nan_to_num(num["EVID"]).astype(np.int64)
+    rate, dur, mdv, ii, addl, ss = (np.nan_to_num(num[r]) if r in num else zero
+                                    for r in ("RATE", "DUR", "MDV", "II", "ADDL", "SS"))
+    dv = num["DV"]
+    ids = [_key(v) for v in tab.raw[cols["ID"]]]
+    cmt = [_key(v) for v in tab.raw[cols["CMT"]]] if cols["CMT"] is not None else None
+    okey = [_key(v) for v in tab.raw[key_col]] if key_col is not None else None
+
+    # Row checks that do not depend on the subject.
+    for i in range(tab.n):
+        if ids[i] is None:
+            raise ValueError(f"{tab.where(i, cols['ID'])}: missing subject ID")
+        if math.isnan(time[i]):
+            raise ValueError(f"{tab.where(i, cols['TIME'])}: missing time")
+        if time[i] < 0:
+            raise ValueError(f"{tab.where(i, cols['TIME'])}: negative time {float(time[i])!r}")
+        if cmt is not None and isinstance(cmt[i], (int, float)) and cmt[i] <= 0:
+            raise ValueError(f"{tab.where(i, cols['CMT'])}: compartment {cmt[i]!r}; compartments "
+                             "are numbered from 1 (turning a compartment off with a negative "
+                             "CMT is not supported)")
+        if ss[i] != 0:
+            raise ValueError(f"{tab.where(i, cols['SS'])}: SS={int(ss[i])} (steady-state "
+                             "dosing) is not supported; give the doses leading to steady state "
+                             "explicitly (e.g. with ADDL/II)")
+
+    # Subjects: contiguous blocks of rows; times non-decreasing within each.
+    blocks, seen = [], {}
+    for i in range(tab.n):
+        if i > 0 and ids[i] == ids[i - 1]:
+            if time[i] < time[i - 1]:
+                t, prev = float(time[i]), float(time[i - 1])
+                raise ValueError(f"{tab.where(i, cols['TIME'])}: time {t!r} is before the "
+                                 f"previous record's {prev!r} ({tab.labels[i - 1]}) of subject "
+                                 f"{ids[i]!r}; sort each subject's records by time")
+            blocks[-1].append(i)
+            continue
+        if ids[i] in seen:
+            raise ValueError(f"{tab.where(i, cols['ID'])}: subject {ids[i]!r} appears again "
+                             f"after other subjects (first block at {tab.labels[seen[ids[i]]]}); "
+                             "a subject's records must be contiguous")
+        seen[ids[i]] = i
+        blocks.append([i])
+
+    ctx = _Ctx(tab, cols, comp, (obs_kind, obs_names, obs_map), key_col, duplicates, reset,
+               (time, amt, evid, rate, dur, mdv, ii, addl, dv), cmt, okey)
+    subjects, no_data, late_obs = [], [], 0
+    varying = {}
+    for rows in blocks:
+        cov = _subject_covariates(tab, ids[rows[0]], rows, cov_cols, time_varying, varying)
+        for occ, seg in enumerate(ctx.occasions(rows)):
+            doses, data, t_first, t_last, n_late = ctx.segment(seg)
+            late_obs += n_late
+            sid = ids[rows[0]]
+            who = f"subject {sid!r}" + (f" occasion {occ}" if occ else "")
+            prob = _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan,
+                            covariate_params)
+            if data is None:
+                no_data.append(who)
+            subjects.append(Subject(sid, prob, data, cov, occ,
+                                    tuple(tab.labels[i] for i in seg)))
+    if varying:
+        desc = "; ".join(f"{c} (subjects {', '.join(map(repr, s[:5]))}"
+                         f"{', ...' if len(s) > 5 else ''})" for c, s in varying.items())
+        warnings.warn(f"read_events: covariates change within a subject; their first value is "
+                      f"used: {desc}", UserWarning, stacklevel=2)
+    if no_data:
+        warnings.warn(f"read_events: {len(no_data)} subject(s) have no observations (their "
+                      f"`data` is None): {', '.join(no_data[:5])}"
+                      f"{', ...' if len(no_data) > 5 else ''}", UserWarning, stacklevel=2)
+    if late_obs:
+        warnings.warn(f"read_events: {late_obs} observation(s) are listed before a bolus at the "
+                      "same time (pre-dose samples); sciml states are right-continuous at a "
+                      "bolus, so the model value there is the post-dose one", UserWarning,
+                      stacklevel=2)
+    return subjects
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _compartments(compartments, model):
+    if not hasattr(compartments, "items") or len(compartments) == 0:
+        raise TypeError("read_events: `compartments` must be a non-empty mapping compartment "
+                        f"-> state name, e.g. {{1: 'depot'}}; got {compartments!r}")
+    comp = {}
+    for k, s in compartments.items():
+        if s not in model.states:
+            raise ValueError(f"read_events: `compartments[{k!r}]` = {s!r} is not a state of the "
+                             f"model; states: {', '.join(model.states)}")
+        comp[_key(k)] = s
+    return comp
+
+
+def _observables(observable, model):
+    """(kind, column names, mapping key -> column name or None)."""
+    if observable is None:
+        if len(model.obs_names) != 1:
+            raise ValueError("read_events: say which model output DV measures with "
+                             f"`observable=`; the model's observables: "
+                             f"{', '.join(model.obs_names) or '(none)'}; states: "
+                             f"{', '.join(model.states)}")
+        observable = model.obs_names[0]
+    if isinstance(observable, str):
+        names, mapping = [observable], None
+    elif hasattr(observable, "items") and len(observable) > 0:
+        mapping = {_key(k): v for k, v in observable.items()}
+        names = list(dict.fromkeys(mapping.values()))
+    else:
+        raise TypeError("read_events: `observable` must be a name or a non-empty mapping "
+                        f"DVID/CMT -> name, got {observable!r}")
+    kinds = set()
+    for n in names:
+        if n in model.obs_names:
+            kinds.add("observables")
+        elif n in model.states:
+            kinds.add("states")
+        else:
+            raise ValueError(f"read_events: `observable` {n!r} is neither an observable "
+                             f"({', '.join(model.obs_names) or 'none'}) nor a state "
+                             f"({', '.join(model.states)}) of the model")
+    if len(kinds) > 1:
+        raise ValueError("read_events: `observable` mixes states and observables "
+                         f"({names!r}); make the states observables of the model")
+    return kinds.pop(), names, mapping
+
+
+def _covariate_columns(covariates, tab, used):
+    if covariates is None:
+        return [n for n in tab.names if n not in used and n.strip().upper() not in _ROLES
+                and n.strip() not in ("", "rownames") and not n.startswith("Unnamed:")]
+    if isinstance(covariates, str):
+        covariates = [covariates]
+    out = []
+    for c in covariates:
+        col = tab.column(c)
+        if col is None:
+            raise ValueError(f"read_events: covariate column {c!r} is not in the {tab.source}; "
+                             f"its columns are {', '.join(tab.names)}")
+        out.append(col)
+    return out
+
+
+def _subject_covariates(tab, sid, rows, cov_cols, time_varying, varying):
+    cov = {}
+    for c in cov_cols:
+        first, first_i = None, None
+        for i in rows:
+            v = _value(tab.raw[c][i])
+            if v is None:
+                continue
+            if first is None:
+                first, first_i = v, i
+            elif v != first:
+                if time_varying == "error":
+                    raise ValueError(f"{tab.where(i, c)}: covariate changes within subject "
+                                     f"(from {first!r} at {tab.labels[first_i]} to {v!r}); "
+                                     "time-varying covariates are not supported (pass "
+                                     "time_varying='first' to use the first value)")
+                varying.setdefault(c, []).append(sid)
+                break
+        cov[c] = first if first is not None else math.nan
+    return cov
+
+
+class _Ctx:
+    """What `segment` needs to turn a subject's rows into doses and Data."""
+
+    def __init__(self, tab, cols, comp, observables, key_col, duplicates, reset, arrays,
+                 cmt, okey):
+        self.tab, self.cols, self.comp = tab, cols, comp
+        self.obs_kind, self.obs_names, self.obs_map = observables
+        self.key_col, self.duplicates, self.reset = key_col, duplicates, reset
+        (self.time, self.amt, self.evid, self.rate, self.dur, self.mdv, self.ii, self.addl,
+         self.dv) = arrays
+        self.cmt, self.okey = cmt, okey   # normalised CMT / observable-key values, or None
+        self.dose_cmt = {}                # row -> compartment decoded from a classic EVID
+
+    def occasions(self, rows):
+        """Split a subject's rows at resets (EVID 3/4 after its first record)."""
+        tab, segs = self.tab, [[]]
+        for n, i in enumerate(rows):
+            e = self._evid(i)
+            if e in (3, 4) and n > 0:
+                if self.reset == "error":
+                    raise ValueError(f"{tab.where(i, self.cols['EVID'])}: EVID {e} (reset) "
+                                     "inside a subject's record is not supported; pass "
+                                     "reset='split' to start a new occasion (a separate "
+                                     "Subject) there, or give the occasions different IDs")
+                segs.append([])
+            segs[-1].append(i)
+        return [s for s in segs if s]
+
+    def _evid(self, i):
+        """EVID of row i with classic rxode2 bolus codes decoded (EVID 1, compartment kept)."""
+        e = int(self.evid[i])
+        tab, c = self.tab, self.cols["EVID"]
+        if e >= 100:
+            kind, flag = e % 100, (e // 10000) % 10
+            cm = (e // 100000) * 100 + (e // 100) % 100
+            if kind != 1 or flag != 0 or cm == 0:
+                raise ValueError(f"{tab.where(i, c)}: classic rxode2 EVID {e} is not supported "
+                                 "(only bolus codes 100*cmt + 1, e.g. 101); use NONMEM EVID "
+                                 "1 with RATE/DUR for infusions")
+            if self.cmt is not None and self.cmt[i] is not None and self.cmt[i] != cm:
+                raise ValueError(f"{tab.where(i, self.cols['CMT'])}: CMT {self.cmt[i]!r} "
+                                 f"disagrees with EVID {e} (a bolus into compartment {cm})")
+            self.dose_cmt[i] = cm
+            return 1
+        if e < 0 or e > 4:
+            raise ValueError(f"{tab.where(i, c)}: EVID {e} is not supported (0 observation, "
+                             "1 dose, 2 other, 3 reset, 4 reset and dose)")
+        return e
+
+    def segment(self, rows):
+        """(doses, Data or None, first time, last time, #observations before a same-time bolus)."""
+        tab, cols = self.tab, self.cols
+        doses, obs, bolus_rows = [], [], {}
+        for i in rows:
+            e = self._evid(i)
+            if e in (1, 4):
+                d = self._dose(i)
+                doses.append(d)
+                if isinstance(d, Bolus):
+                    bolus_rows.setdefault(d.time, i)
+                continue
+            if self.amt[i] != 0:
+                raise ValueError(f"{tab.where(i, cols['AMT'])}: AMT {float(self.amt[i])!r} on "
+                                 f"a row with EVID {e} (not a dose); use EVID 1 for a dose, AMT 0 "
+                                 "or missing otherwise")
+            if e == 0 and self.mdv[i] == 0 and not math.isnan(self.dv[i]):
+                obs.append(i)
+        late = sum(1 for i in obs if self.time[i] in bolus_rows and i < bolus_rows[self.time[i]])
+        data = self._data(obs) if obs else None
+        return doses, data, float(self.time[rows[0]]), float(self.time[rows[-1]]), late
+
+    def _dose(self, i):
+        tab, cols = self.tab, self.cols
+        t, a = float(self.time[i]), float(self.amt[i])
+        if not a > 0:
+            raise ValueError(f"{tab.where(i, cols['AMT'])}: a dose row (EVID "
+                             f"{int(self.evid[i])}) needs AMT > 0, got {a!r}")
+        dv = float(self.dv[i])
+        if not (math.isnan(dv) or dv == 0):
+            raise ValueError(f"{tab.where(i, cols['DV'])}: DV {dv!r} on a dose row; a dose row "
+                             "carries DV missing ('.') or 0; put the observation on its own "
+                             "row with EVID 0")
+        if i in self.dose_cmt:
+            c = self.dose_cmt[i]
+        elif self.cmt is None:
+            c = next(iter(self.comp))
+        else:
+            c = self.cmt[i]
+            if c is None:
+                raise ValueError(f"{tab.where(i, cols['CMT'])}: a dose row needs a compartment")
+        if c not in self.comp:
+            raise ValueError(f"{tab.where(i, cols['CMT'] or cols['EVID'])}: dose into "
+                             f"compartment {c!r}, which `compartments` does not map; known: "
+                             f"{', '.join(map(repr, self.comp))}")
+        state = self.comp[c]
+        rate, dur = float(self.rate[i]), float(self.dur[i])
+        if rate in (-1.0, -2.0):
+            raise ValueError(f"{tab.where(i, cols['RATE'])}: RATE {rate:g} (modelled infusion "
+                             "rate/duration) is not supported; give RATE > 0 or DUR > 0")
+        if rate < 0:
+            raise ValueError(f"{tab.where(i, cols['RATE'])}: RATE must be >= 0, got {rate!r}")
+        if dur < 0:
+            raise ValueError(f"{tab.where(i, cols['DUR'])}: DUR must be >= 0, got {dur!r}")
+        if rate > 0 and dur > 0 and not math.isclose(a / rate, dur, rel_tol=1e-9):
+            raise ValueError(f"{tab.where(i, cols['DUR'])}: DUR {dur!r} disagrees with "
+                             f"AMT/RATE = {a / rate!r}; give one of RATE and DUR")
+        ii, addl = float(self.ii[i]), int(self.addl[i])
+        if addl < 0:
+            raise ValueError(f"{tab.where(i, cols['ADDL'])}: ADDL must be >= 0, got {addl}")
+        if ii < 0:
+            raise ValueError(f"{tab.where(i, cols['II'])}: II must be >= 0, got {ii!r}")
+        if addl > 0 and ii == 0:
+            raise ValueError(f"{tab.where(i, cols['ADDL'])}: ADDL {addl} additional doses need "
+                             "an interdose interval II > 0")
+        every, count = (ii, addl + 1) if addl > 0 else (None, 1)
+        try:
+            if rate > 0:
+                return Infusion(t, a / rate, rate, state, every=every, count=count)
+            if dur > 0:
+                return Infusion(t, dur, a / dur, state, every=every, count=count)
+            return Bolus(t, a, state, every=every, count=count)
+        except ValueError as e:
+            raise ValueError(f"{tab.where(i)}: {e}") from None
+
+    def _data(self, obs):
+        tab, cols, names = self.tab, self.cols, self.obs_names
+        col_of = {n: j for j, n in enumerate(names)}
+        cells = {}  # (time, column) -> list of rows
+        for i in obs:
+            if self.obs_map is None:
+                j = 0
+            else:
+                k = self.okey[i]
+                if k not in self.obs_map:
+                    raise ValueError(f"{tab.where(i, self.key_col)}: observation of {k!r}, "
+                                     "which `observable` does not map; known: "
+                                     f"{', '.join(map(repr, self.obs_map))} (drop these rows "
+                                     "or map them)")
+                j = col_of[self.obs_map[k]]
+            cells.setdefault((float(self.time[i]), j), []).append(i)
+        times = sorted({t for t, _ in cells})
+        row_of = {t: r for r, t in enumerate(times)}
+        y = np.full((len(times), len(names)), np.nan)
+        w = np.ones_like(y)
+        merged = False
+        for (t, j), rs in cells.items():
+            if len(rs) > 1:
+                if self.duplicates == "error":
+                    raise ValueError(f"{tab.where(rs[1], cols['DV'])}: a second observation of "
+                                     f"{names[j]!r} at time {t!r} (also at {tab.labels[rs[0]]}); "
+                                     "pass duplicates='mean' to merge replicates into their "
+                                     "mean (weighted by their count), or remove them")
+                merged = True
+                w[row_of[t], j] = len(rs)
+            y[row_of[t], j] = float(np.mean(self.dv[rs]))
+        kw = {self.obs_kind: names}
+        return Data(np.array(times), y, weights=w if merged else None, **kw)
+
+
+def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, rules):
+    if params is None:
+        if model.params:
+            raise ValueError("read_events: give `params` (the flat theta, e.g. from "
+                             "model.init_params(...)); the model has mechanistic parameters "
+                             f"{', '.join(model.params)}")
+        theta = model.init_params()
+    else:
+        theta = params(cov) if callable(params) else params
+    theta = np.array(theta, dtype=np.float64)
+    if theta.shape != (model.n_params,):
+        raise ValueError(f"read_events: `params` must have length {model.n_params} "
+                         f"(model.n_params), got shape {theta.shape} for {who}")
+    if rules:
+        theta = _apply_rules(model, theta, rules, cov, who)
+    x0 = np.zeros(model.n_states) if u0 is None else (u0(cov) if callable(u0) else u0)
+    if tspan is None:
+        span = (t_first, t_last)
+        if not t_last > t_first:
+            raise ValueError(f"read_events: {who} has all its records at time {t_first!r}; "
+                             "give `tspan` to say how long to simulate")
+    else:
+        span = tspan
+    prob = ODEProblem(model, x0, span, theta, doses=doses)
+    if data is not None:
+        data.check_span(prob.tspan, where=f"read_events: {who}")
+    return prob
