@@ -71,7 +71,12 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
         blows up, say), a `SolveWarning` is issued and ``(inf, nan...)`` is
         returned, which optimisers treat as a failed step.
     """
-    if not per_problem:
+    if isinstance(prob, (list, tuple)):
+        lean = _lean_many(prob, data, loss, solver, sensealg, rtol, atol, params, threads,
+                          max_steps, dt, per_problem)
+        if lean is not None:
+            return lean
+    elif not per_problem:
         lean = _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps,
                      dt)
         if lean is not None:
@@ -190,6 +195,66 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     if status != 0:
         return None  # the general path reruns it and reports the failure
     return value, grad
+
+
+def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads, max_steps,
+               dt, per_problem):
+    """Many plain problems of one model with the discrete adjoint in one parallel compiled
+    call (`adj_lean_many`), or None when that does not apply (see `_lean`)."""
+    if not (probs and isinstance(datas, (list, tuple)) and len(datas) == len(probs)
+            and (loss is None or type(loss) is SSE) and type(rtol) is float
+            and 1e-14 <= rtol < 1.0 and type(atol) is float and 0.0 < atol < np.inf
+            and type(max_steps) is int and max_steps >= 1):
+        return None
+    model = getattr(probs[0], "model", None)
+    cols = None
+    for p, d in zip(probs, datas):
+        if type(p) is not ODEProblem or not p._plain or p.model is not model \
+                or type(d) is not Data or d.kind != "states" \
+                or d.t[0] < p.tspan[0] or d.t[-1] > p.tspan[1]:
+            return None
+        c = d.columns(model)
+        if cols is None:
+            cols = c
+        elif not np.array_equal(c, cols):
+            return None
+    solver = _TSIT5 if solver is None else solver
+    if not isinstance(solver, ExplicitRK) or (not solver.adaptive and not (
+            type(dt) is float and dt > 0.0)):
+        return None
+    if type(sensealg if sensealg is not None else adjoints.default_sensealg(model, solver)) \
+            is not adjoints.DiscreteAdjoint:
+        return None
+    m, npar = len(probs), model.n_params
+    if params is not None:
+        theta = np.asarray(params, dtype=np.float64)
+        if theta.shape != (npar,) or not np.all(np.isfinite(theta)):
+            return None  # the general path says what is wrong
+        Pm = np.repeat(theta[None, :], m, axis=0)
+    else:
+        Pm = np.stack([p.params for p in probs])
+    nt = Threads(threads)
+    off = np.zeros(m + 1, dtype=np.int64)
+    off[1:] = np.cumsum([len(d) for d in datas])
+    grads, losses = np.zeros((m, npar)), np.zeros(m)
+    status = np.zeros(m, dtype=np.int64)
+    with nt:
+        model.module.adj_lean_many(
+            solver._packed(), np.stack([p.u0 for p in probs]), Pm,
+            np.array([p.tspan[0] for p in probs]), np.array([p.tspan[1] for p in probs]),
+            np.concatenate([d.t for d in datas]), off,
+            np.concatenate([d.y_filled for d in datas]),
+            np.concatenate([d.w_masked for d in datas]), cols, rtol,
+            _atol_vector(atol, model.n_states), 0.0 if dt is None else dt, max_steps, grads,
+            losses, status)
+    if np.any(status != 0):
+        return None  # the general path reruns them and reports the failures
+    if per_problem:
+        return losses, grads
+    value = 0.0
+    for v in losses:  # in list order, as the general path
+        value += v
+    return value, grads.sum(axis=0)
 
 
 _NO_NODES = (np.zeros(0), np.zeros(0))

@@ -182,6 +182,11 @@ class Model:
     >>> theta = model.init_params(seed=0, alpha=1.3, delta=1.8)
     """
 
+    # The traced expressions (a `sciml._trace.Trace` and one expression per observable);
+    # None for a model made with `from_kernels`, which has nothing traced.
+    _trace = None
+    _obs_exprs = None
+
     def __init__(self, f, states, params, nets=None, observables=None):
         states, params, nets, observables = self._check(states, params, nets, observables)
         trace = trace_model(f, states, params, nets)
@@ -193,6 +198,8 @@ class Model:
                              _templates())
         self._finish(name, states, params, nets, tuple(observables), n_params, gen.ws_size,
                      source)
+        # Kept for other backends (sciml.jax prints them to jax.numpy).
+        self._trace, self._obs_exprs = trace, tuple(obs)
 
     # ------------------------------------------------------------ building
 

@@ -38,8 +38,9 @@ module (see `sciml._codegen.template_source`); names carry the ``adj_`` prefix.
 import math
 
 import numpy as np
+from numba import prange
 
-from sciml._jit import jit
+from sciml._jit import jit, pjit
 from sciml.solvers._common_template import (
     COM_DT_UNDERFLOW,
     COM_MAX_STEPS,
@@ -703,6 +704,28 @@ def adj_lean_continuous(kind, tab, u0, p, t0, tf, obs_t, Yd, Wd, cols, rtol, ato
         for m in range(npar):
             grad[m] += z[n + m]
     return status, loss
+
+
+@pjit
+def adj_lean_many(tab, U0, Pm, t0s, tfs, obs_t, o_off, Yd, Wd, cols, rtol, atol, dt, max_steps,
+                  grads, losses, status):
+    """`adj_lean` for many problems of one model in parallel threads (a row each).
+
+    U0 (m, n), Pm (m, n_params), t0s, tfs (m,): each problem's start, parameters
+    and span; problem ``i`` owns observation rows ``o_off[i]:o_off[i+1]`` of
+    ``obs_t``, ``Yd`` and ``Wd``. Writes ``grads`` (m, n_params), ``losses``
+    and ``status`` (m,); the caller sums them in a fixed order.
+    """
+    for i in prange(U0.shape[0]):
+        st = np.zeros(3, dtype=np.int64)
+        a = o_off[i]
+        b = o_off[i + 1]
+        # contiguous copies: the same argument types as a single `adj_lean` call
+        status[i], losses[i] = adj_lean(tab, U0[i], Pm[i], t0s[i], tfs[i],
+                                        np.ascontiguousarray(obs_t[a:b]),
+                                        np.ascontiguousarray(Yd[a:b]),
+                                        np.ascontiguousarray(Wd[a:b]), cols, rtol, atol, dt,
+                                        max_steps, grads[i], st)
 
 
 # ---------------------------------------------------------------- stiff: Rosenbrock backward

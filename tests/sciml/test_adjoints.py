@@ -303,3 +303,22 @@ def test_stiff_path_handles_doses_and_observables():
     g_ros = sciml.loss_and_grad(prob, data, solver=sciml.Rodas5(),
                                 sensealg=adjoints.GaussAdjoint(), rtol=1e-10, atol=1e-10)[1]
     np.testing.assert_allclose(g_ros, g_erk, rtol=1e-5)
+
+
+def test_lean_many_path_agrees_with_the_general_one():
+    # A list of plain problems with the discrete adjoint runs in one parallel compiled call.
+    prob, data = _spiral()
+    rng = np.random.default_rng(7)
+    probs = [prob.remake(u0=prob.u0 + 0.1 * rng.standard_normal(2)) for _ in range(5)]
+    datas = [data] * 5
+    alg = adjoints.DiscreteAdjoint()
+    v, g = sciml.loss_and_grad(probs, datas, sensealg=alg, threads=2)
+    vs, gs = sciml.loss_and_grad(probs, datas, sensealg=alg, per_problem=True)
+    gen = [sciml.loss_and_grad(p, data, sensealg=alg, threads=1) for p in probs]  # general
+    np.testing.assert_allclose(vs, [e[0] for e in gen], rtol=1e-13)
+    np.testing.assert_array_equal(gs, np.stack([e[1] for e in gen]))
+    assert v == pytest.approx(sum(e[0] for e in gen), rel=1e-13)
+    np.testing.assert_allclose(g, gs.sum(axis=0), rtol=1e-15)
+    v1, g1 = sciml.loss_and_grad(probs, datas, sensealg=alg, threads=1)
+    assert v1 == v
+    np.testing.assert_array_equal(g1, g)
