@@ -233,7 +233,10 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
         Pm = np.repeat(theta[None, :], m, axis=0)
     else:
         Pm = np.stack([p.params for p in probs])
-    nt = Threads(threads)
+    if m == 1 and not per_problem:  # no thread start-up for one problem
+        return _lean(probs[0], datas[0], loss, solver, sensealg, rtol, atol, params, None,
+                     max_steps, dt)
+    nt = Threads(min(Threads(threads).n, m))
     off = np.zeros(m + 1, dtype=np.int64)
     off[1:] = np.cumsum([len(d) for d in datas])
     grads, losses = np.zeros((m, npar)), np.zeros(m)
