@@ -163,15 +163,17 @@ class ODEProblem:
         self.u0, self.tspan, self.params = u0, (t0, tf), params
         self.doses = tuple(doses)
         self.dose_arrays = dose_arrays(self.doses, model.states, tstops)
+        self.tstops = tuple(float(t) for t in np.ravel(np.asarray(tstops, dtype=np.float64)))
         # No doses and no tstops: `sciml.solve` may take its lean path.
         self._plain = self.dose_arrays.tstops.size == 0
 
-    def remake(self, u0=None, tspan=None, params=None, doses=None):
+    def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None):
         """A copy with some fields replaced (the model is shared)."""
         return ODEProblem(self.model, self.u0 if u0 is None else u0,
                           self.tspan if tspan is None else tspan,
                           self.params if params is None else params,
-                          self.doses if doses is None else doses)
+                          self.doses if doses is None else doses,
+                          self.tstops if tstops is None else tstops)
 
     def __repr__(self):
         return (f"ODEProblem({type(self.model).__name__}, u0={self.u0.tolist()}, "

@@ -160,3 +160,13 @@ def test_dosed_ensemble_matches_one_by_one():
         np.testing.assert_allclose(m.u, one.u, rtol=1e-13, atol=1e-13)
         np.testing.assert_allclose(m(13.3), one(13.3), rtol=1e-13)
         np.testing.assert_allclose(m.observables["conc"], one.observables["conc"], rtol=1e-13)
+
+
+def test_remake_keeps_doses_and_tstops():
+    pk = hm.pk()
+    prob = ODEProblem(pk, [0.0, 0.0], (0.0, 24.0), [1.0, 0.2, 10.0],
+                      doses=[Bolus(0.0, 100.0, "depot")], tstops=[3.5, 7.25])
+    again = prob.remake(params=[1.1, 0.2, 10.0])
+    assert again.tstops == (3.5, 7.25) and again.doses == prob.doses
+    np.testing.assert_array_equal(again.dose_arrays.tstops, prob.dose_arrays.tstops)
+    assert prob.remake(tstops=[]).tstops == ()
