@@ -9,6 +9,11 @@ CPU path) or `sciml.jax.loss_and_grad` (JAX/diffrax, e.g. on a GPU).
 
 The fit keeps the best parameters seen: an early stop, a target, a
 callback, a non-finite loss or a Ctrl-C all end it with them.
+
+A penalty can be added to the loss: ``l2=`` (weight decay on every
+network's parameters) or ``penalty=`` (any ``theta -> (value, gradient)``,
+e.g. decay on some layers only, or a prior on a mechanistic parameter).
+The optimizers then minimise loss + penalty; the result reports both.
 """
 
 import contextlib
@@ -36,14 +41,19 @@ class FitResult:
     Attributes
     ----------
     params : ndarray, (n_params,)
-        The best flat parameter vector found (lowest loss of every point the
-        optimizers evaluated).
+        The best flat parameter vector found (lowest objective of every point
+        the optimizers evaluated).
     loss : float
-        The loss at `params`.
+        The loss at `params`, without the penalty (what to compare with the
+        noise in the data).
+    penalty : float
+        The penalty (``l2`` and ``penalty`` of `fit`) at `params`; 0.0 without one.
+    objective : float
+        What the optimizers minimised, at `params`: ``loss + penalty``.
     history : ndarray, (n_iters,)
-        The loss at each iteration, all stages one after the other (for a
-        first-order stage: the loss at the iterate before its update; for
-        L-BFGS: the loss at each accepted iterate).
+        The objective (the loss, plus the penalty if any) at each iteration,
+        all stages one after the other (for a first-order stage: at the
+        iterate before its update; for L-BFGS: at each accepted iterate).
     history_stage : ndarray of int, (n_iters,)
         The stage (index into `stages`) of each entry of `history`.
     n_iters : int
@@ -59,16 +69,18 @@ class FitResult:
         ``"interrupted"`` (KeyboardInterrupt).
     stages : list of dict
         One per stage that ran: ``optimizer`` (its repr), ``n_iters``,
-        ``n_evals``, ``loss`` (best loss at the stage's end), ``stopped``
+        ``n_evals``, ``loss`` (best objective at the stage's end), ``stopped``
         (as above, plus ``"nonfinite"``) and ``time_s``.
     time_s : float
         Wall time of the whole fit.
     """
 
     def __init__(self, params, loss, history, history_stage, n_evals, stopped, stages, time_s,
-                 setup):
+                 setup, penalty=0.0):
         self.params = params
         self.loss = loss
+        self.penalty = penalty
+        self.objective = loss + penalty
         self.history = history
         self.history_stage = history_stage
         self.n_iters = int(history.shape[0])
@@ -80,7 +92,8 @@ class FitResult:
         self._own_params = False  # plot each problem with its own params (population fits)
 
     def __repr__(self):
-        return (f"FitResult(loss={self.loss:.6g}, n_iters={self.n_iters}, "
+        pen = f", penalty={self.penalty:.6g}" if self.penalty else ""
+        return (f"FitResult(loss={self.loss:.6g}{pen}, n_iters={self.n_iters}, "
                 f"stopped={self.stopped!r}, stages={len(self.stages)}, "
                 f"time_s={self.time_s:.3g})")
 
@@ -322,6 +335,69 @@ def _objective(backend, probs, datas, many, loss, solver, sensealg, rtol, atol, 
     return fun
 
 
+def _net_mask(model):
+    """Boolean mask (n_params,) of every network parameter of `model` (weights and biases)."""
+    mask = np.zeros(model.n_params, dtype=bool)
+    slices = model.param_slices
+    for name in model.nets:
+        mask[slices[name]] = True
+    return mask
+
+
+def _penalty(l2, penalty, n, model):
+    """``theta -> (value, gradient)`` of ``l2`` plus `penalty`, or None without either."""
+    if penalty is not None and not callable(penalty):
+        raise TypeError(f"fit: `penalty` must be callable(theta) -> (value, gradient) or None, "
+                        f"got {type(penalty).__name__}")
+    mask = None
+    if l2 > 0:
+        if model is None:
+            raise ValueError("fit: `l2` needs the model's parameter layout; with `objective`, "
+                             "put the decay in the objective or pass `penalty=`")
+        mask = _net_mask(model)
+        if not mask.any():
+            raise ValueError(f"fit: `l2` = {l2:g} decays network parameters, but the model has "
+                             "no network (use `penalty=` for mechanistic parameters)")
+    if mask is None and penalty is None:
+        return None
+
+    def pen(theta):
+        value, grad = 0.0, np.zeros(n)
+        if mask is not None:
+            w = theta[mask]
+            value += l2 * float(w @ w)
+            grad[mask] += 2.0 * l2 * w
+        if penalty is not None:
+            out = penalty(theta.copy())  # a copy: the callable cannot move the iterate
+            try:
+                pv, pg = out
+                pv = float(pv)
+                pg = np.asarray(pg, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise TypeError(f"fit: `penalty(theta)` must return (value, gradient), a number "
+                                f"and an array, got {type(out).__name__}") from None
+            if pg.shape != (n,):
+                raise ValueError(f"fit: the gradient `penalty(theta)` returned must have shape "
+                                 f"({n},), like theta, got {pg.shape}")
+            value += pv
+            grad += pg
+        return value, grad
+
+    return pen
+
+
+def _penalized(fun, pen):
+    """`fun` plus the penalty; the third item, (loss, penalty), lets the result split them."""
+
+    def total(theta):
+        v, g = fun(theta)
+        pv, pg = pen(theta)
+        v = float(v)
+        return v + pv, np.asarray(g, dtype=np.float64) + pg, (v, pv)
+
+    return total
+
+
 class _NonFinite(Exception):
     """Raised inside a stage to end it on a non-finite loss or gradient."""
 
@@ -333,6 +409,7 @@ class _State:
         self.fun = fun
         self.best = theta.copy()
         self.best_loss = math.inf
+        self.best_parts = (math.inf, 0.0)  # (loss, penalty) at `best`
         self.history, self.stage_of = [], []
         self.n_evals = 0
         self.callback, self.patience, self.min_delta, self.target = (
@@ -343,14 +420,15 @@ class _State:
 
     def evaluate(self, theta):
         """Loss and gradient at `theta`; tracks the best point; non-finite -> _NonFinite."""
-        val, g = self.fun(theta)
+        out = self.fun(theta)
         self.n_evals += 1
-        val = float(val)
-        g = np.asarray(g, dtype=np.float64)
+        val = float(out[0])
+        g = np.asarray(out[1], dtype=np.float64)
         if not (math.isfinite(val) and np.all(np.isfinite(g))):
             raise _NonFinite(val)
         if val < self.best_loss:
             self.best_loss = val
+            self.best_parts = out[2] if len(out) > 2 else (val, 0.0)
             self.best[:] = theta
         return val, g
 
@@ -437,7 +515,7 @@ def _bar(progress, optimizers):
 def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sensealg=None,
         rtol=1e-6, atol=1e-6, params=None, callback=None, progress=True, backend="numba",
         patience=None, min_delta=0.0, target=None, max_steps=100_000, threads=None,
-        objective=None):
+        objective=None, l2=0.0, penalty=None):
     """Fit the flat parameter vector of one or several problems to observations.
 
     The stages in `optimizers` run one after the other, each starting from
@@ -504,6 +582,16 @@ def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sen
         ``objective(x) -> (loss, gradient)`` minimised instead of the loss of
         the problems (which then serve for plotting only), from ``params``
         (required, any length). `sciml.Population.fit` uses it.
+    l2 : float
+        Weight decay (>= 0): adds ``l2 * sum(w**2)`` over every network
+        parameter of the model (weights and biases of each net; mechanistic
+        parameters are left alone), the Gaussian prior of ridge
+        regression. Default 0: none. Not with `objective` (use `penalty`).
+    penalty : callable, optional
+        ``penalty(theta) -> (value, gradient)`` added to the loss (with
+        `l2`, both are): anything beyond plain weight decay, e.g. decay on
+        some layers only, or a prior on a mechanistic parameter. It gets a
+        copy of the iterate.
 
     Returns
     -------
@@ -515,6 +603,11 @@ def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sen
 
     Notes
     -----
+    With a penalty, the optimizers, the best-point tracking, ``history``,
+    `patience` and `target` all see the objective, loss + penalty;
+    ``result.loss`` is the loss alone at ``result.params``, ``result.penalty``
+    the penalty there and ``result.objective`` their sum.
+
     A KeyboardInterrupt (Ctrl-C) during the fit returns the best parameters
     found so far with ``stopped == "interrupted"`` instead of losing them.
     A non-finite loss or gradient ends the current stage with a
@@ -564,8 +657,12 @@ def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sen
     threads = _positive_int("threads", threads)
     if loss is not None and not callable(loss):
         raise TypeError(f"fit: `loss` must be a sciml loss (e.g. sciml.SSE()), got {loss!r}")
+    l2 = _positive_number("l2", l2, allow_zero=True)
     fun = objective or _objective(backend, probs, datas, many, loss, solver, sensealg, rtol,
                                   atol, max_steps, threads)
+    pen = _penalty(l2, penalty, theta.shape[0], None if objective else probs[0].model)
+    if pen is not None:
+        fun = _penalized(fun, pen)
 
     t_start = time.perf_counter()
     bar = _bar(progress, optimizers)
@@ -615,6 +712,9 @@ def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sen
                                      "starting parameters; nothing to optimise (check "
                                      "`params`, the tolerances and the data)")
     setup = (probs, datas, solver, rtol, atol, max_steps, many)
-    return FitResult(st.best.copy(), st.best_loss, np.array(st.history, dtype=np.float64),
+    loss_best, pen_best = st.best_parts
+    if not math.isfinite(loss_best):  # interrupted before the first evaluation
+        loss_best, pen_best = st.best_loss, 0.0
+    return FitResult(st.best.copy(), float(loss_best), np.array(st.history, dtype=np.float64),
                      np.array(st.stage_of, dtype=np.int64), st.n_evals, stopped, stages,
-                     time.perf_counter() - t_start, setup)
+                     time.perf_counter() - t_start, setup, penalty=float(pen_best))

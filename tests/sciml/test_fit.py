@@ -219,6 +219,138 @@ def test_nonfinite_at_start_is_an_error(setup):
             sciml.fit(prob, data, loss=loss, **quick())
 
 
+# --------------------------------------------------------------------------- penalties
+
+
+def test_penalty_on_an_objective_lands_on_the_analytic_minimum(setup):
+    """sum (x - 1)^2 + lam sum x^2 is least at x = 1 / (1 + lam); the parts are reported."""
+    _, prob, data = setup  # with `objective`, they serve for plotting only
+    lam = 0.5
+
+    def objective(x):
+        return float(np.sum((x - 1.0) ** 2)), 2.0 * (x - 1.0)
+
+    def ridge(x):
+        return lam * float(x @ x), 2.0 * lam * x
+
+    x0 = np.array([3.0, -2.0, 0.5])
+    res = sciml.fit(prob, data, objective=objective, params=x0, penalty=ridge,
+                    optimizers=[nets.Adam(0.01, iters=2), sciml.LBFGS(iters=50)],
+                    progress=False)
+    np.testing.assert_allclose(res.params, 1.0 / (1.0 + lam), rtol=1e-8)
+    assert res.loss == pytest.approx(objective(res.params)[0], rel=1e-12)
+    assert res.penalty == pytest.approx(ridge(res.params)[0], rel=1e-12)
+    assert res.objective == pytest.approx(res.loss + res.penalty, rel=1e-15)
+    # the history and the stages carry the objective the optimizer saw
+    assert res.history[0] == pytest.approx(objective(x0)[0] + ridge(x0)[0], rel=1e-12)
+    assert res.history.min() == pytest.approx(res.objective, rel=1e-12)
+    assert res.stages[-1]["loss"] == pytest.approx(res.objective, rel=1e-12)
+    assert "penalty=" in repr(res)
+
+
+def test_penalty_pulls_a_mechanistic_parameter(setup):
+    model, prob, data = setup
+    lam, centre = 10.0, 0.5  # a prior pulling beta towards 0.5
+    ib = model.param_slices["beta"]
+
+    def prior(theta):
+        g = np.zeros_like(theta)
+        g[ib] = 2.0 * lam * (theta[ib] - centre)
+        return lam * float(np.sum((theta[ib] - centre) ** 2)), g
+
+    res = sciml.fit(prob, data, penalty=prior, rtol=1e-10, atol=1e-10,
+                    **quick(optimizers=[sciml.LBFGS(iters=200)]))
+    beta = res.params[ib][0]
+    assert centre < beta < TRUE["beta"] - 1e-3  # between the prior and the truth
+    # the reported loss is the data loss alone, the penalty its own part
+    value, grad = sciml.loss_and_grad(prob, data, params=res.params, rtol=1e-10, atol=1e-10)
+    assert res.loss == pytest.approx(value, rel=1e-9)
+    assert res.penalty == pytest.approx(lam * (beta - centre) ** 2, rel=1e-12)
+    # stationary for loss + penalty, not for the loss alone
+    total = grad + prior(res.params)[1]
+    assert np.abs(total).max() < 1e-5 * np.abs(grad).max()
+
+
+def lv_ude(u, p, t, nets):
+    x, y = u
+    z = nets.U(u)
+    return [p.alpha * x + z[0], -1.8 * y + z[1]]
+
+
+@pytest.fixture(scope="module")
+def ude_setup(setup):
+    _, truth, data = setup
+    chain = nets.Chain(2, nets.Dense(3, "tanh"), nets.Dense(2))
+    model = sciml.Model(lv_ude, states=["x", "y"], params=["alpha"], nets={"U": chain})
+    prob = sciml.ODEProblem(model, truth.u0, truth.tspan, model.init_params(seed=1, alpha=1.3))
+    return model, prob, data
+
+
+def test_l2_decays_the_network_only(ude_setup):
+    model, prob, data = ude_setup
+    net = model.param_slices["U"]
+    l2 = 0.05
+    opts = dict(progress=False)
+    res = sciml.fit(prob, data, l2=l2, optimizers=[nets.Adam(0.01, iters=5),
+                                                   sciml.LBFGS(iters=30)], **opts)
+    assert res.penalty == pytest.approx(l2 * np.sum(res.params[net] ** 2), rel=1e-12)
+    value, _ = sciml.loss_and_grad(prob, data, params=res.params)
+    assert res.loss == pytest.approx(value, rel=1e-9)
+
+    # the same fit with the decay written out as `penalty=`: the same path
+    def decay(theta):
+        g = np.zeros_like(theta)
+        g[net] = 2.0 * l2 * theta[net]
+        return l2 * float(np.sum(theta[net] ** 2)), g
+
+    res2 = sciml.fit(prob, data, penalty=decay, optimizers=[nets.Adam(0.01, iters=5),
+                                                            sciml.LBFGS(iters=30)], **opts)
+    np.testing.assert_allclose(res2.history, res.history, rtol=1e-12)
+    np.testing.assert_allclose(res2.params, res.params, rtol=1e-10, atol=1e-12)
+    # both together add up; the weight decay shrinks the network's weights
+    res3 = sciml.fit(prob, data, l2=l2, penalty=decay, optimizers=[sciml.LBFGS(iters=30)],
+                     **opts)
+    res0 = sciml.fit(prob, data, optimizers=[sciml.LBFGS(iters=30)], **opts)
+    assert res3.penalty == pytest.approx(2 * l2 * np.sum(res3.params[net] ** 2), rel=1e-12)
+    assert np.sum(res3.params[net] ** 2) < np.sum(res0.params[net] ** 2)
+    assert res0.penalty == 0.0 and res0.objective == res0.loss
+
+
+def test_nonfinite_penalty_ends_the_stage(setup):
+    _, prob, data = setup
+    calls = []
+
+    def bad(theta):
+        calls.append(1)
+        return (np.inf if len(calls) == 8 else 0.0), np.zeros_like(theta)
+
+    with pytest.warns(sciml.FitWarning, match="not finite"):
+        res = sciml.fit(prob, data, penalty=bad, **quick())
+    assert res.stages[0]["stopped"] == "nonfinite" and res.stages[0]["n_iters"] == 7
+    assert res.stopped == "done" and res.loss < 1e-8 and res.penalty == 0.0
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(l2=-1.0), ValueError, "l2"),
+    (dict(l2=np.nan), ValueError, "l2"),
+    (dict(l2=0.1), ValueError, "no network"),  # beta and gamma only: nothing to decay
+    (dict(penalty="ridge"), TypeError, "penalty"),
+    (dict(penalty=lambda th: 1.0), TypeError, r"penalty\(theta\)"),
+    (dict(penalty=lambda th: (1.0, np.zeros(5))), ValueError, r"shape \(2,\)"),
+])
+def test_bad_penalties(setup, kw, exc, match):
+    _, prob, data = setup
+    with pytest.raises(exc, match=match):
+        sciml.fit(prob, data, **quick(**kw))
+
+
+def test_l2_needs_the_model_layout(setup):
+    _, prob, data = setup
+    with pytest.raises(ValueError, match="`l2` needs the model"):
+        sciml.fit(prob, data, objective=lambda x: (0.0, 0 * x), params=np.ones(2), l2=0.1,
+                  progress=False)
+
+
 # --------------------------------------------------------------------------- backends
 
 
