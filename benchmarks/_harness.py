@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 NOT_INSTALLED = "not installed"
 
 
@@ -424,3 +426,41 @@ def write_json(path: str, bench: str, machine: dict[str, Any], rows, ours: str =
     with open(path, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
+
+
+class GradWork:
+    """One implementation's unit of work, ``fn() -> (loss, grad)``, repeated per round.
+
+    The first ``setup()`` (untimed) times one extra call and fixes how many
+    calls a timed round makes, so that every round lasts about ``target_s``
+    and a fast implementation is not timed on a single call of a few
+    microseconds, nor a slow one (torchdiffeq) repeated for minutes.
+    """
+
+    def __init__(self, name: str, fn, target_s: float, max_units: int = 2000):
+        self.fn, self.target_s, self.max_units = fn, target_s, max_units
+        self.result = None  # (loss, grad) of the first call
+        self._calibrated = False
+        self.impl = Impl(name, run=self.run, warmup=self.warmup, setup=self.setup)
+
+    def warmup(self):
+        try:
+            loss, grad = self.fn()
+        except NotImplementedError as e:
+            # a method not there (yet) is a reason, not a failure
+            self.impl.error = f"not implemented: {e}"[:200]
+            print(f"[{self.impl.name}] skipped: NotImplementedError: {e}", file=sys.stderr)
+            return
+        self.result = (float(loss), np.asarray(grad, dtype=np.float64).ravel())
+
+    def setup(self):
+        if not self._calibrated:
+            t0 = time.perf_counter()
+            self.fn()
+            dt = time.perf_counter() - t0
+            self.impl.units = int(min(self.max_units, max(1, round(self.target_s / dt))))
+            self._calibrated = True
+
+    def run(self):
+        for _ in range(self.impl.units):
+            self.fn()

@@ -55,44 +55,6 @@ OUR_METHODS = [
 LOSS_SPREAD_WARN = 1e-3
 
 
-class Work:
-    """One implementation's unit of work, ``fn() -> (loss, grad)``, repeated per round.
-
-    The first ``setup()`` (untimed) times one extra call and fixes how many
-    calls a timed round makes, so that every round lasts about ``target_s``
-    and a fast implementation is not timed on a single call of a few
-    microseconds, nor a slow one (torchdiffeq) repeated for minutes.
-    """
-
-    def __init__(self, name: str, fn, target_s: float, max_units: int = 2000):
-        self.fn, self.target_s, self.max_units = fn, target_s, max_units
-        self.result = None  # (loss, grad) of the first call
-        self._calibrated = False
-        self.impl = H.Impl(name, run=self.run, warmup=self.warmup, setup=self.setup)
-
-    def warmup(self):
-        try:
-            loss, grad = self.fn()
-        except NotImplementedError as e:
-            # Adjoints arrive method by method: not yet there is a reason, not a failure.
-            self.impl.error = f"not implemented: {e}"[:200]
-            print(f"[{self.impl.name}] skipped: NotImplementedError: {e}", file=sys.stderr)
-            return
-        self.result = (float(loss), np.asarray(grad, dtype=np.float64).ravel())
-
-    def setup(self):
-        if not self._calibrated:
-            t0 = time.perf_counter()
-            self.fn()
-            dt = time.perf_counter() - t0
-            self.impl.units = int(min(self.max_units, max(1, round(self.target_s / dt))))
-            self._calibrated = True
-
-    def run(self):
-        for _ in range(self.impl.units):
-            self.fn()
-
-
 # --------------------------------------------------------------------------- implementations
 
 
@@ -152,11 +114,13 @@ def our_impls(p0, y_true, target_s):
             out.append(H.Impl(name, error=H.error_text(e)))
             continue
 
-        def fn(alg=alg):
-            return sciml.loss_and_grad(prob, data, loss=sciml.SSE(), solver=sciml.Tsit5(),
-                                       sensealg=alg, rtol=RTOL, atol=ATOL, params=p0)
+        loss, solver = sciml.SSE(), sciml.Tsit5()  # built once, as the peers' are
 
-        out.append(Work(name, fn, target_s))
+        def fn(alg=alg, loss=loss, solver=solver):
+            return sciml.loss_and_grad(prob, data, loss=loss, solver=solver, sensealg=alg,
+                                       rtol=RTOL, atol=ATOL, params=p0)
+
+        out.append(H.GradWork(name, fn, target_s))
     return out, note
 
 
@@ -235,7 +199,7 @@ def diffrax_impls(jax, jerr, p0, y_true, target_s):
             v, g = jax.block_until_ready(vg(args))
             return float(v), _flat_jax(g)
 
-        out.append(Work(name, fn, target_s))
+        out.append(H.GradWork(name, fn, target_s))
     return out
 
 
@@ -277,7 +241,7 @@ def torch_impls(threads, p0, y_true, target_s):
             loss.backward()
             return loss.item(), np.concatenate([q.grad.numpy().ravel() for q in params])
 
-        out.append(Work(name, fn, target_s, max_units=20))
+        out.append(H.GradWork(name, fn, target_s, max_units=20))
     return out
 
 
@@ -344,7 +308,7 @@ def main(argv=None) -> int:
     works += ours
     works += diffrax_impls(jax, jerr, p0, y_true, target_s)
     works += torch_impls(threads, p0, y_true, target_s)
-    impls = [w.impl if isinstance(w, Work) else w for w in works]
+    impls = [w.impl if isinstance(w, H.GradWork) else w for w in works]
 
     machine = H.machine_info(threads)
     print(f"spiral_grad: u0 = [2, 0], tspan (0, 1.5), 30 save points; model Dense(50 -> 2)"
@@ -369,11 +333,11 @@ def main(argv=None) -> int:
     rows = []
     for w in works:
         q = None
-        if isinstance(w, Work) and w.result is not None:
+        if isinstance(w, H.GradWork) and w.result is not None:
             v, g = w.result
             q = {"loss": v, "grad_rel_err": S.rel_err(g, ref_g) if g.shape == ref_g.shape
                  else float("nan")}
-        rows.append(H.result_row(w.impl if isinstance(w, Work) else w, "grad", q))
+        rows.append(H.result_row(w.impl if isinstance(w, H.GradWork) else w, "grad", q))
 
     ok_ours = [r for r in rows if r["impl"].startswith("ours") and r.get("median_s")]
     fastest = min(ok_ours, key=lambda r: r["median_s"])["impl"] if ok_ours else "ours"

@@ -56,7 +56,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import io  # noqa: E402
 import json  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -170,37 +169,6 @@ def rel_err(a, b) -> float:
 # --------------------------------------------------------------------------- timing helper
 
 
-class Work:
-    """``fn() -> (loss, grad)`` repeated so that a timed round lasts about ``target_s``."""
-
-    def __init__(self, name, fn, target_s, max_units=2000):
-        self.fn, self.target_s, self.max_units = fn, target_s, max_units
-        self.result = None
-        self._calibrated = False
-        self.impl = H.Impl(name, run=self.run, warmup=self.warmup, setup=self.setup)
-
-    def warmup(self):
-        try:
-            v, g = self.fn()
-        except NotImplementedError as e:  # a method not there yet is a reason, not a failure
-            self.impl.error = f"not implemented: {e}"[:200]
-            print(f"[{self.impl.name}] skipped: NotImplementedError: {e}", file=sys.stderr)
-            return
-        self.result = (float(v), np.asarray(g, dtype=np.float64).ravel())
-
-    def setup(self):
-        if not self._calibrated:
-            t0 = time.perf_counter()
-            self.fn()
-            dt = time.perf_counter() - t0
-            self.impl.units = int(min(self.max_units, max(1, round(self.target_s / dt))))
-            self._calibrated = True
-
-    def run(self):
-        for _ in range(self.impl.units):
-            self.fn()
-
-
 # --------------------------------------------------------------------------- ours
 
 
@@ -259,11 +227,13 @@ def our_grad_impls(ours, target_s):
             out.append(H.Impl(name, error=H.error_text(e)))
             continue
 
-        def fn(alg=alg):
-            return sciml.loss_and_grad(prob, d, loss=sciml.SSE(), solver=sciml.Tsit5(),
-                                       sensealg=alg, rtol=RTOL, atol=ATOL, params=theta)
+        loss, solver = sciml.SSE(), sciml.Tsit5()  # built once, as the peers' are
 
-        out.append(Work(name, fn, target_s))
+        def fn(alg=alg, loss=loss, solver=solver):
+            return sciml.loss_and_grad(prob, d, loss=loss, solver=solver, sensealg=alg,
+                                       rtol=RTOL, atol=ATOL, params=theta)
+
+        out.append(H.GradWork(name, fn, target_s))
     return out
 
 
@@ -437,7 +407,7 @@ def diffrax_impl(jax, jerr, p0, Xn, target_s):
         v, g = jax.block_until_ready(vg(p))
         return float(v), np.asarray(g)
 
-    return Work("diffrax-recursive", fn, target_s)
+    return H.GradWork("diffrax-recursive", fn, target_s)
 
 
 # --------------------------------------------------------------------------- reference
@@ -509,18 +479,18 @@ def main(argv=None) -> int:
 
     # --- one loss + gradient
     works = our_grad_impls(ours, target_s) + [diffrax_impl(jax, jerr, p0, Xn, target_s)]
-    impls = [w.impl if isinstance(w, Work) else w for w in works]
+    impls = [w.impl if isinstance(w, H.GradWork) else w for w in works]
     mon = H.OtherLoad().start()
     H.time_alternating(impls, rounds)
     grad_load = H.OtherLoad.note(mon.stop(), "during the timing")
     grad_rows = []
     for w in works:
         q = None
-        if isinstance(w, Work) and w.result is not None:
+        if isinstance(w, H.GradWork) and w.result is not None:
             v, g = w.result
             q = {"loss": v, "grad_rel_err": rel_err(g, ref_g) if g.shape == ref_g.shape
                  else float("nan")}
-        grad_rows.append(H.result_row(w.impl if isinstance(w, Work) else w, "grad", q))
+        grad_rows.append(H.result_row(w.impl if isinstance(w, H.GradWork) else w, "grad", q))
     ok = [r for r in grad_rows if r["impl"].startswith("ours") and r.get("median_s")]
     fastest = min(ok, key=lambda r: r["median_s"])["impl"] if ok else "ours-interp"
     print("== one loss + gradient at the initial weights (grad_rel_err vs the reference; "
