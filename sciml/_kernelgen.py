@@ -4,18 +4,22 @@ sympy does the algebra (differentiation, common subexpressions, printing);
 this module only decides what to differentiate and lays the results out as
 numba functions with the contract's names and signatures (see
 `sciml.model`). A network call is opaque: its forward, vector-Jacobian
-product and Jacobian are the `nets` kernels, called on one sample whose
-buffers are slices of the model's workspace `ws`; the symbolic part
-supplies the derivatives of everything around it.
+product and Jacobian are printed for that chain by `sciml._netgen` (sizes
+and offsets as literals, buffers in the model's workspace `ws`), or, for a
+chain it cannot print (custom activations) or with ``specialise=False``,
+calls of the generic `nets` one-sample kernels on slices of `ws`; the
+symbolic part supplies the derivatives of everything around it.
 
 Workspace layout (float64 offsets, fixed at generation time), for each
 live net call c in order::
 
     X_c (n_in) | Y_c (n_out) | V_c (n_out) | XB_c (n_in) |
-    JN_c (n_out*n_in) | DX_c (n_in*n) | DZ_c (n_out*n)
+    JN_c (n_out*n_in) | DX_c (n_in*n) | DZ_c (n_out*n) | T_c (tape)
 
-then LAM (n), UB (n) for `paramjac_into`, then one net scratch buffer BUF
-(the largest `sample_size` of the nets), shared by the calls in turn.
+(T_c, the call's hidden values and activation derivatives, only for a
+specialised chain), then LAM (n), UB (n) for `paramjac_into`, then one net
+scratch buffer BUF (the largest scratch of the nets: `NetGen.scratch_size`,
+or `sample_size` for the generic kernels), shared by the calls in turn.
 """
 
 import re
@@ -25,7 +29,12 @@ import numpy as np
 import sympy
 from sympy.printing.pycode import PythonCodePrinter
 
+from . import _netgen
 from ._trace import T
+
+# Print chain-specialised network code (`sciml._netgen`); False: call the generic
+# `nets` one-sample kernels (the reference the specialised code is tested against).
+SPECIALISE_NETS = True
 
 
 @dataclass(frozen=True)
@@ -166,13 +175,19 @@ class ModelKernels:
     n_params : int
         Length of the flat parameter vector (mechanistic + nets).
     observables : sequence of sympy expressions
+    specialise : bool, optional
+        Print chain-specialised network code (default: `SPECIALISE_NETS`).
     """
 
-    def __init__(self, trace, nets, n_params, observables=()):
+    def __init__(self, trace, nets, n_params, observables=(), specialise=None):
         self.F = trace.exprs
         self.u, self.p = trace.u, trace.p
         self.n, self.n_mech, self.n_params = len(trace.u), len(trace.p), n_params
         self.nets = nets
+        if specialise is None:
+            specialise = SPECIALISE_NETS
+        self.gen = {k: _netgen.NetGen(s.meta, s.offset) for k, s in nets.items()
+                    if specialise and _netgen.supported(s.meta)}
         self.obs = tuple(observables)
         self.live = self._live_calls(trace.calls)
         self._layout()
@@ -197,6 +212,8 @@ class ModelKernels:
             s = self.nets[c.net]
             sizes = dict(X=s.n_in, Y=s.n_out, V=s.n_out, XB=s.n_in, JN=s.n_out * s.n_in,
                          DX=s.n_in * n, DZ=s.n_out * n)
+            if c.net in self.gen:
+                sizes["T"] = self.gen[c.net].tape_size
             slot = {}
             for key, size in sizes.items():
                 slot[key] = off
@@ -206,7 +223,8 @@ class ModelKernels:
         off += 2 * n
         off = (off + 7) // 8 * 8  # the nets' scratch starts on a 64-byte boundary
         self.BUF = off
-        self.buf_len = max((self.nets[c.net].scratch for c in self.live), default=0)
+        self.buf_len = max((self.gen[c.net].scratch_size if c.net in self.gen
+                            else self.nets[c.net].scratch for c in self.live), default=0)
         self.ws_size = off + self.buf_len
 
     def _forward_needs(self, exprs, inputs_of=()):
@@ -239,21 +257,34 @@ class ModelKernels:
     def _buf(self):
         return f"ws[{self.BUF}:{self.BUF + self.buf_len}]"
 
-    def _forward(self, body, c, syms):
+    @staticmethod
+    def _emit(body, items):
+        for text, depth in items:
+            body.line(text, 1 + depth)
+
+    def _forward(self, body, c, syms, need_d=False):
+        """The call's outputs into Y_c (and, specialised, its tape into T_c; derivatives
+        too if `need_d`); output symbols in `syms` loaded."""
         meta, pv, s = self._net_args(c)
         slot = self.slot[c.index]
-        body.line(f"_nk.forward1({meta}, {pv}, {_slice(slot['X'], s.n_in)}, "
-                  f"{_slice(slot['Y'], s.n_out)}, {self._buf()})")
+        if c.net in self.gen:
+            body.line(f"# net {c.net}, call {c.index}: forward")
+            self._emit(body, self.gen[c.net].forward(slot["T"], slot["X"], slot["Y"], need_d))
+        else:
+            body.line(f"_nk.forward1({meta}, {pv}, {_slice(slot['X'], s.n_in)}, "
+                      f"{_slice(slot['Y'], s.n_out)}, {self._buf()})")
         for k, z in enumerate(c.outputs):
             if z in syms:
                 body.line(f"{z} = ws[{slot['Y'] + k}]")
 
-    def _forward_phase(self, body, need_in, fwd, syms):
+    def _forward_phase(self, body, need_in, fwd, syms, taped=frozenset()):
+        """Inputs and forwards in call order; `taped` calls (specialised) run with
+        derivatives on their tape, for a reverse or tangent pass later."""
         for c in self.live:
             if c.index in need_in:
                 self._inputs(body, c)
-            if c.index in fwd:
-                self._forward(body, c, syms)
+            if c.index in fwd or c.index in taped:
+                self._forward(body, c, syms, need_d=c.index in taped)
 
     # ------------------------------------------------------------- kernels
 
@@ -282,26 +313,45 @@ class ModelKernels:
         pbar = [_diff(L, s).subs(zero) for s in self.p]
         return xb, active, ubar, pbar
 
-    def vjp(self):
-        """``vjp_into(ubar, pbar, lam, u, p, t, ws)``: ubar written, pbar added to."""
+    def _vjp_parts(self):
+        """The reverse pass, symbolically, and what its forward phase must compute."""
         lam = _symbols("lam", self.n)
         xb, active, ubar, pbar = self._adjoint_exprs(lam)
         exprs = [e for _, zb in active for e in zb] + ubar + pbar
         need_in, fwd, syms = self._forward_needs(exprs, [c for c, _ in active])
-        body = _Body()
-        self._forward_phase(body, need_in, fwd, syms)
+        # A specialised call's forward runs once, with derivatives, in the forward phase;
+        # its reverse pass then reads the tape (the generic vjp1 runs its own forward).
+        taped = frozenset(c.index for c, _ in active if c.net in self.gen)
+        return lam, xb, active, ubar, pbar, (need_in, fwd, syms, taped)
+
+    def _reverse(self, body, xb, active, ubar, pbar, syms):
+        """ubar = lam^T df/du, pbar += lam^T df/dp, after the forward phase."""
         for c, zb in active:
             meta, pv, s = self._net_args(c)
             slot = self.slot[c.index]
             body.assign([(f"ws[{slot['V'] + o}]", e, "=") for o, e in enumerate(zb)])
-            body.line(f"_nk.vjp1({meta}, {pv}, {_slice(slot['X'], s.n_in)}, "
-                      f"{_slice(slot['V'], s.n_out)}, {_slice(slot['XB'], s.n_in)}, "
-                      f"pbar[{s.offset}:{s.offset + s.n_params}], {self._buf()})")
+            if c.net in self.gen:
+                body.line(f"# net {c.net}, call {c.index}: reverse")
+                want = any(b in syms for b in xb[c.index])
+                self._emit(body, self.gen[c.net].backward(slot["T"], slot["X"], slot["Y"],
+                                                          slot["V"], slot["XB"], self.BUF,
+                                                          want))
+            else:
+                body.line(f"_nk.vjp1({meta}, {pv}, {_slice(slot['X'], s.n_in)}, "
+                          f"{_slice(slot['V'], s.n_out)}, {_slice(slot['XB'], s.n_in)}, "
+                          f"pbar[{s.offset}:{s.offset + s.n_params}], {self._buf()})")
             for k, b in enumerate(xb[c.index]):
                 if b in syms:
                     body.line(f"{b} = ws[{slot['XB'] + k}]")
         body.assign([(f"ubar[{j}]", e, "=") for j, e in enumerate(ubar)]
                     + [(f"pbar[{j}]", e, "+=") for j, e in enumerate(pbar)])
+
+    def vjp(self):
+        """``vjp_into(ubar, pbar, lam, u, p, t, ws)``: ubar written, pbar added to."""
+        lam, xb, active, ubar, pbar, (need_in, fwd, syms, taped) = self._vjp_parts()
+        body = _Body()
+        self._forward_phase(body, need_in, fwd, syms, taped)
+        self._reverse(body, xb, active, ubar, pbar, syms)
         loads = {**self.base_loads, **_loads("lam", lam)}
         return _function("vjp_into", ["ubar", "pbar", "lam", "u", "p", "t", "ws"], loads, body)
 
@@ -337,10 +387,11 @@ class ModelKernels:
         need_in, fwd, syms = self._forward_needs(exprs, jcalls)
         body = _Body()
         for c in self.live:
+            taped = c.index in relevant and c.net in self.gen
             if c.index in need_in:
                 self._inputs(body, c)
-            if c.index in fwd:
-                self._forward(body, c, syms)
+            if c.index in fwd or taped:
+                self._forward(body, c, syms, need_d=taped)
             if c.index in relevant:
                 self._jac_call(body, c, dXdu[c.index], dXdz[c.index])
         items = [(f"J[{i}, {j}]", e, "=") for i, row in enumerate(dFdu) for j, e in enumerate(row)]
@@ -357,8 +408,12 @@ class ModelKernels:
         n = self.n
         meta, pv, s = self._net_args(c)
         slot = self.slot[c.index]
-        body.line(f"_nk.jacobian1({meta}, {pv}, {_slice(slot['X'], s.n_in)}, "
-                  f"{_rows2d(slot['JN'], s.n_out, s.n_in)}, {self._buf()})")
+        if c.net in self.gen:  # its tape was written by the forward phase
+            body.line(f"# net {c.net}, call {c.index}: Jacobian")
+            self._emit(body, self.gen[c.net].jacobian(slot["T"], slot["JN"], self.BUF))
+        else:
+            body.line(f"_nk.jacobian1({meta}, {pv}, {_slice(slot['X'], s.n_in)}, "
+                      f"{_rows2d(slot['JN'], s.n_out, s.n_in)}, {self._buf()})")
         DX, JN, DZ = slot["DX"], slot["JN"], slot["DZ"]
         body.line(f"for q in range({DX}, {DX + s.n_in * n}):")
         body.line("ws[q] = 0.0", 2)
@@ -385,16 +440,26 @@ class ModelKernels:
             body.assign([(f"Jp[{i}, {j}]", _diff(f, s), "=") for i, f in enumerate(self.F)
                          for j, s in enumerate(self.p)])
             return _function("paramjac_into", args, self.base_loads, body)
-        # Row i is the vjp with lam = e_i: the nets' parameter columns come from
-        # their vjp kernels, so one reverse pass per state covers every column.
+        # Row i is the vjp with lam = e_i: the nets' parameter columns come from their
+        # reverse passes, so one reverse pass per state covers every column. The forward
+        # phase (nets with their tapes) is shared: it runs once, then `_vjp_reverse`
+        # (the reverse half of `vjp_into`, reading what the forward phase left in ws) per row.
         n, LAM, UB = self.n, self.LAM, self.UB
+        lam, xb, active, ubar, pbar, (need_in, fwd, syms, taped) = self._vjp_parts()
+        self._forward_phase(body, need_in, fwd, syms, taped)
         for text, ind in [(f"for i in range({n}):", 1), (f"for j in range({self.n_params}):", 2),
                           ("Jp[i, j] = 0.0", 3), (f"lam = ws[{LAM}:{LAM + n}]", 1),
                           (f"for i in range({n}):", 1), (f"for k in range({n}):", 2),
                           ("lam[k] = 0.0", 3), ("lam[i] = 1.0", 2),
-                          (f"vjp_into(ws[{UB}:{UB + n}], Jp[i], lam, u, p, t, ws)", 2)]:
+                          (f"_vjp_reverse(ws[{UB}:{UB + n}], Jp[i], lam, u, p, t, ws)", 2)]:
             body.line(text, ind)
-        return _function("paramjac_into", args, {}, body)
+        rev = _Body()
+        self._reverse(rev, xb, active, ubar, pbar, syms)
+        zloads = {z: f"ws[{self.slot[c.index]['Y'] + k}]" for c in self.live
+                  for k, z in enumerate(c.outputs)}
+        loads = {**self.base_loads, **_loads("lam", lam), **zloads}
+        return (_function("_vjp_reverse", ["ubar", "pbar", "lam", "u", "p", "t", "ws"], loads,
+                          rev) + "\n\n" + _function("paramjac_into", args, self.base_loads, body))
 
     def kernels(self):
         """Source of the constants, net tables and all kernels (no header, no templates)."""
@@ -480,6 +545,8 @@ import numpy as np
 from numba import prange
 
 from nets import kernels as _nk
+from nets.activations import sigmoid as _sigmoid
+from nets.activations import tanh as _tanh
 from sciml._jit import jit, pjit
 """
 

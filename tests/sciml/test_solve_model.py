@@ -63,7 +63,8 @@ def test_ude_and_neural_ode():
             sol = solve(prob, solver, rtol=1e-10, atol=1e-10, saveat=t)
             np.testing.assert_allclose(sol.u, reference(prob, t), rtol=1e-7, atol=1e-7)
         many = solve([prob, prob.remake(u0=np.array(u0) * 1.1)], Tsit5(), saveat=t)
-        np.testing.assert_allclose(many[0].u, solve(prob, Tsit5(), saveat=t).u, rtol=1e-13)
+        # the ensemble loop and the tableau-unrolled single loop are two compiled loops
+        np.testing.assert_allclose(many[0].u, solve(prob, Tsit5(), saveat=t).u, rtol=1e-12)
 
 
 def test_dosed_pk_model_with_observables():
