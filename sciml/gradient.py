@@ -140,15 +140,10 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     settings. Checks are cheap here; everything else falls back to the general path.
     """
     if not (type(prob) is ODEProblem and prob._plain and type(data) is Data
-            and data.kind == "states" and (loss is None or type(loss) is SSE)
-            and threads is None and type(rtol) is float and 1e-14 <= rtol < 1.0
-            and type(atol) is float and 0.0 < atol < np.inf and type(max_steps) is int
-            and max_steps >= 1):
+            and data.kind == "states" and threads is None):
         return None
+    solver = _lean_solver(loss, solver, rtol, atol, max_steps, dt)
     if solver is None:
-        solver = _TSIT5
-    if not isinstance(solver, ExplicitRK) or (not solver.adaptive and not (
-            type(dt) is float and dt > 0.0)):
         return None
     model = prob.model
     if sensealg is None:
@@ -201,10 +196,10 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
                dt, per_problem):
     """Many plain problems of one model with the discrete adjoint in one parallel compiled
     call (`adj_lean_many`), or None when that does not apply (see `_lean`)."""
-    if not (probs and isinstance(datas, (list, tuple)) and len(datas) == len(probs)
-            and (loss is None or type(loss) is SSE) and type(rtol) is float
-            and 1e-14 <= rtol < 1.0 and type(atol) is float and 0.0 < atol < np.inf
-            and type(max_steps) is int and max_steps >= 1):
+    if not (probs and isinstance(datas, (list, tuple)) and len(datas) == len(probs)):
+        return None
+    solver = _lean_solver(loss, solver, rtol, atol, max_steps, dt)
+    if solver is None:
         return None
     model = getattr(probs[0], "model", None)
     cols = None
@@ -218,10 +213,6 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
             cols = c
         elif not np.array_equal(c, cols):
             return None
-    solver = _TSIT5 if solver is None else solver
-    if not isinstance(solver, ExplicitRK) or (not solver.adaptive and not (
-            type(dt) is float and dt > 0.0)):
-        return None
     if type(sensealg if sensealg is not None else adjoints.default_sensealg(model, solver)) \
             is not adjoints.DiscreteAdjoint:
         return None
@@ -258,6 +249,20 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
     for v in losses:  # in list order, as the general path
         value += v
     return value, grads.sum(axis=0)
+
+
+def _lean_solver(loss, solver, rtol, atol, max_steps, dt):
+    """The ERK solver of a lean path when the settings allow one (cheap checks), else None:
+    `SSE`, float tolerances in range, an int step limit, a float ``dt`` for a fixed step."""
+    if not ((loss is None or type(loss) is SSE) and type(rtol) is float
+            and 1e-14 <= rtol < 1.0 and type(atol) is float and 0.0 < atol < np.inf
+            and type(max_steps) is int and max_steps >= 1):
+        return None
+    solver = _TSIT5 if solver is None else solver
+    if not isinstance(solver, ExplicitRK) or (not solver.adaptive and not (
+            type(dt) is float and dt > 0.0)):
+        return None
+    return solver
 
 
 _NO_NODES = (np.zeros(0), np.zeros(0))

@@ -47,8 +47,8 @@ from sciml.solvers._common_template import (
     COM_NEED_STORAGE,
     COM_NONFINITE,
     COM_SUCCESS,
-    com_accept_factor,
     com_hmin,
+    com_next_step,
     com_reject_factor,
     com_rhs,
 )
@@ -336,12 +336,8 @@ def adj_solve(kind, A, b, e, c, P, n_step, end_stage,
                     status = COM_NONFINITE if not finite else COM_DT_UNDERFLOW
                     break
                 continue
-            h_next = h_try * com_accept_factor(en, err_prev, safety, qmin, qmax, beta1, beta2)
-            err_prev = max(en, 1e-4)
-            if rejected:
-                h_next = min(h_next, h_try)
-            elif lands and h_try < h:
-                h_next = max(h_next, h)
+            h_next, err_prev = com_next_step(en, err_prev, h_try, h, rejected, lands, safety,
+                                                  qmin, qmax, beta1, beta2)
             nacc += 1
             rejected = False
             if kind == ADJ_GAUSS or kind == ADJ_QUAD:
@@ -894,12 +890,8 @@ def adj_ros_gauss(a, C, c, d, b, e, H, gamma, ts, us, kd, n_steps,
                     status = COM_NONFINITE if not finite and not singular else COM_DT_UNDERFLOW
                     break
                 continue
-            h_next = h_try * com_accept_factor(en, err_prev, safety, qmin, qmax, beta1, beta2)
-            err_prev = max(en, 1e-4)
-            if rejected:
-                h_next = min(h_next, h_try)
-            elif lands and h_try < h:
-                h_next = max(h_next, h)
+            h_next, err_prev = com_next_step(en, err_prev, h_try, h, rejected, lands, safety,
+                                                  qmin, qmax, beta1, beta2)
             nacc += 1
             rejected = False
             # the step's interpolant, then mu by Gauss-Legendre quadrature over it

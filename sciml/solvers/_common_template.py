@@ -141,6 +141,21 @@ def com_accept_factor(err, err_prev, safety, qmin, qmax, beta1, beta2):
 
 
 @jit(inline="always")
+def com_next_step(en, err_prev, h_try, h, rejected, lands, safety, qmin, qmax, beta1, beta2):
+    """After an accepted step with error ``en``: ``(next step, err_prev for the next one)``.
+
+    No growth right after a rejection; a step cut short by a stop (``lands``
+    with ``h_try < h``) says little, so the proposal ``h`` is kept at least.
+    """
+    h_next = h_try * com_accept_factor(en, err_prev, safety, qmin, qmax, beta1, beta2)
+    if rejected:
+        h_next = min(h_next, h_try)
+    elif lands and h_try < h:
+        h_next = max(h_next, h)
+    return h_next, max(en, 1e-4)
+
+
+@jit(inline="always")
 def com_reject_factor(err, safety, qmin, beta1):
     """Factor (< 1) for retrying a rejected step (``err > 1`` or NaN)."""
     if not math.isfinite(err):

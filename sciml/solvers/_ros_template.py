@@ -33,12 +33,12 @@ from sciml.solvers._common_template import (
     COM_NEED_STORAGE,
     COM_NONFINITE,
     COM_SUCCESS,
-    com_accept_factor,
     com_all_finite,
     com_apply_boluses,
     com_err_norm,
     com_hinit,
     com_hmin,
+    com_next_step,
     com_reject_factor,
     com_rhs,
     com_step_to,
@@ -291,12 +291,8 @@ def ros_solve(a, C, c, d, b, e, H, gamma, order, adaptive,
             continue
 
         if adaptive:
-            h_next = h_try * com_accept_factor(en, err_prev, safety, qmin, qmax, beta1, beta2)
-            err_prev = max(en, 1e-4)
-            if rejected:  # no growth right after a rejection
-                h_next = min(h_next, h_try)
-            elif lands and h_try < h:  # a step cut short by a stop says little
-                h_next = max(h_next, h)
+            h_next, err_prev = com_next_step(en, err_prev, h_try, h, rejected, lands, safety,
+                                                  qmin, qmax, beta1, beta2)
         else:
             h_next = h_init
         nacc += 1
