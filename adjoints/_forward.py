@@ -53,7 +53,8 @@ class Job:
 
 @dataclass
 class Forward:
-    """A forward solve: states at ``save_t`` and, when dense, the stored steps."""
+    """A forward solve: states at ``save_t`` and, when dense, the stored steps
+    (``n_steps`` of them; 0 and empty arrays when not dense)."""
 
     save_t: np.ndarray
     u: np.ndarray
@@ -106,7 +107,7 @@ def forward(job, u0, stops, seg_rate, bolus_k, bolus_i, bolus_a, save_t, dense):
             break
         cap = common.grown_capacity(cap, t_end, sched, job.max_steps)
     return Forward(save_t, out_u, int(status), float(t_end), d_t, d_u, d_k, d_have, d_seg,
-                   int(stats[1]), stats.copy())
+                   int(stats[1]) if dense else 0, stats.copy())
 
 
 def forward_problem(job, save_t, dense):
@@ -130,8 +131,8 @@ def rodas_forward(job, dense):
     """
     prob = job.prob if job.p is job.prob.params else job.prob.remake(params=job.p)
     raw = job.solver._run(prob, job.obs_t, job.rtol, job.atol, job.dt, job.max_steps, dense)
-    fw = Forward(job.obs_t, raw.u, raw.status, raw.t_end, None, None, None, None, None,
-                 raw.stats["n_accepted"], None)
+    fw = Forward(job.obs_t, raw.u, raw.status, raw.t_end, None, None, None, None, None, 0,
+                 None)  # (the Rosenbrock steps are in `ros`, not in the ERK fields)
     fw.ros = raw.dense
     return fw
 

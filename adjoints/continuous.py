@@ -178,7 +178,7 @@ class BacksolveAdjoint(SensitivityAlgorithm):
         z[:n] = state.u_end
         pbar = np.zeros(npar)
         s = job.sched
-        _run(job, BACKSOLVE, self, _NO_DENSE(n, job.solver), s.stops, s.seg_rate, s.bolus_k,
+        _run(job, BACKSOLVE, self, state, s.stops, s.seg_rate, s.bolus_k,  # (no stored steps)
              s.bolus_i, s.bolus_a, job.obs_t, G, z, pbar, 2 * n + npar,
              anchor=np.ascontiguousarray(state.u) if self.checkpointing else None)
         pbar += z[2 * n:]
@@ -283,17 +283,4 @@ class QuadratureAdjoint(_DenseForward):
         _run(job, QUAD, self, state, s.stops, s.seg_rate, s.bolus_k, s.bolus_i, s.bolus_a,
              job.obs_t, G, z, pbar, n, h0=_last_step(state), quad_tol=self.quad_rtol)
         return pbar, z.copy()
-
-
-def _NO_DENSE(n, solver):
-    """Empty forward storage, for kinds that do not read it."""
-    s_all = solver.tableau.n_stages
-    return _Empty(np.zeros(1), np.zeros((1, n)), np.zeros((0, s_all, n)),
-                  np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64), 0)
-
-
-class _Empty:
-    def __init__(self, d_t, d_u, d_k, d_have, d_seg, n_steps):
-        self.d_t, self.d_u, self.d_k = d_t, d_u, d_k
-        self.d_have, self.d_seg, self.n_steps = d_have, d_seg, n_steps
 
