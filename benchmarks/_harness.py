@@ -428,20 +428,52 @@ def write_json(path: str, bench: str, machine: dict[str, Any], rows, ours: str =
         f.write("\n")
 
 
-class GradWork:
-    """One implementation's unit of work, ``fn() -> (loss, grad)``, repeated per round.
+class Work:
+    """One implementation's unit of work, ``fn()``, repeated per timed round.
 
-    The first ``setup()`` (untimed) times one extra call and fixes how many
-    calls a timed round makes, so that every round lasts about ``target_s``
-    and a fast implementation is not timed on a single call of a few
-    microseconds, nor a slow one (torchdiffeq) repeated for minutes.
+    The first ``setup()`` (untimed) times a few extra calls and fixes how many
+    calls a timed round makes, so that every round lasts about ``target_s``:
+    a fast implementation is not timed on a few calls of microseconds right
+    after the harness's pause (cold caches, a core still waking up), nor a
+    slow one (torchdiffeq) repeated for minutes. ``warmup`` (optional) is the
+    untimed first call, e.g. one that records the accuracy.
     """
 
-    def __init__(self, name: str, fn, target_s: float, max_units: int = 2000):
+    def __init__(self, name: str, fn, target_s: float, max_units: int = 2000, warmup=None):
         self.fn, self.target_s, self.max_units = fn, target_s, max_units
-        self.result = None  # (loss, grad) of the first call
         self._calibrated = False
-        self.impl = Impl(name, run=self.run, warmup=self.warmup, setup=self.setup)
+        self.impl = Impl(name, run=self.run, warmup=warmup or self.warmup, setup=self.setup)
+
+    def warmup(self):
+        self.fn()
+
+    def setup(self):
+        if not self._calibrated:
+            # The first call after the harness's pause can cost 100x a warm one (caches,
+            # an idle core waking up): calibrate on the calls that follow it, for ~target/10.
+            self.fn()
+            calls, t0 = 0, time.perf_counter()
+            while True:
+                self.fn()
+                calls += 1
+                dt = time.perf_counter() - t0
+                if dt > 0.1 * self.target_s or calls >= self.max_units:
+                    break
+            per_call = dt / calls
+            self.impl.units = int(min(self.max_units, max(1, round(self.target_s / per_call))))
+            self._calibrated = True
+
+    def run(self):
+        for _ in range(self.impl.units):
+            self.fn()
+
+
+class GradWork(Work):
+    """`Work` for ``fn() -> (loss, grad)``: the first call's result is kept in ``result``."""
+
+    def __init__(self, name: str, fn, target_s: float, max_units: int = 2000):
+        super().__init__(name, fn, target_s, max_units)
+        self.result = None  # (loss, grad) of the first call
 
     def warmup(self):
         try:
@@ -452,15 +484,3 @@ class GradWork:
             print(f"[{self.impl.name}] skipped: NotImplementedError: {e}", file=sys.stderr)
             return
         self.result = (float(loss), np.asarray(grad, dtype=np.float64).ravel())
-
-    def setup(self):
-        if not self._calibrated:
-            t0 = time.perf_counter()
-            self.fn()
-            dt = time.perf_counter() - t0
-            self.impl.units = int(min(self.max_units, max(1, round(self.target_s / dt))))
-            self._calibrated = True
-
-    def run(self):
-        for _ in range(self.impl.units):
-            self.fn()

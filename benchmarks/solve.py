@@ -175,18 +175,13 @@ def main(argv=None):
             if isinstance(fn, str):
                 entries.append(H.Impl(label, error=fn))
                 continue
-            reps = 20 if pb["stiff"] else 200
-            if args.quick:
-                reps = max(2, reps // 10)
-
-            def run(fn=fn, reps=reps):
-                for _ in range(reps):
-                    fn()
 
             def warm(fn=fn, label=label, quality=quality, ref=ref):
                 quality[label] = {"max_abs_err": float(np.max(np.abs(fn() - ref)))}
 
-            entries.append(H.Impl(label, run=run, units=reps, warmup=warm))
+            # rounds of ~50 ms each (calibrated on one call), whatever a solve costs
+            target_s = 0.01 if args.quick else 0.05
+            entries.append(H.Work(label, fn, target_s, max_units=100_000, warmup=warm).impl)
         H.time_alternating(entries, repeats=3 if args.quick else 7)
         rows = [H.result_row(e, "solve", quality.get(e.name)) for e in entries]
         print(f"\n== {name}  (rtol = atol = {RTOL:g}; error vs a tight reference)")

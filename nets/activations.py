@@ -10,9 +10,9 @@ them were most of a 2-50-2 network's forward pass), so `tanh` is computed
 inline by branch-free formulas that vectorise: float32 by a rational
 approximation (max error a few ulp in float32); float64 by Cephes' odd
 rational for |x| < 0.625 and ``1 - 2 / (exp(2|x|) + 1)`` beyond, with an
-inline Cephes exp (Cody-Waite reduction, 2**n built from the bits of n):
-within 2 ulp of numpy's tanh (tested on a dense grid), ~4x faster than libm
-over a row of 50.
+inline exp (Cody-Waite reduction, a Taylor polynomial, 2**n from the bits of
+n) and one division for both branches: within 2 ulp of numpy's tanh (tested
+on a dense grid), ~5x faster than libm over a row of 50.
 """
 
 import math
@@ -21,6 +21,7 @@ import numpy as np
 from numba import types
 from numba.extending import overload
 
+from ._bits import bits_to_float, float_to_bits
 from ._config import jit
 
 # Codes are part of the compiled kernels: append, never reorder.
@@ -44,43 +45,59 @@ _B = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04,
       1.19825839466702e-06)
 
 
-# float64: Cephes tanh (|x| < 0.625) and exp (for 1 - 2 / (exp(2|x|) + 1)), from
-# S. L. Moshier, Cephes Math Library (tanh.c, exp.c).
+# float64: Cephes' odd rational for tanh on |x| < 0.625 (S. L. Moshier, Cephes Math
+# Library, tanh.c); beyond, 1 - 2 / (exp(2|x|) + 1) with exp by Cody-Waite reduction
+# and its Taylor polynomial to degree 13 (|r| <= ln2/2: truncation < 4e-18).
 _TP = (-9.64399179425052238628E-1, -9.92877231001918586564E1, -1.61468768441708447952E3)
 _TQ = (1.12811678491632931402E2, 2.23548839060100448583E3, 4.84406305325125486048E3)
-_EP = (1.26177193074810590878E-4, 3.02994407707441961300E-2, 9.99999999999999999910E-1)
-_EQ = (3.00198505138664455042E-6, 2.52448340349684104192E-3, 2.27265548208155028766E-1,
-       2.00000000000000000009E0)
 _LOG2E = 1.4426950408889634073599
 _LN2_HI, _LN2_LO = 6.93145751953125E-1, 1.42860682030941723212E-6
+_EXP_TAYLOR = tuple(1.0 / math.factorial(i) for i in range(14))
+_SHIFTER = 6755399441055744.0  # 1.5 * 2**52
+_SHIFTER_BITS = 0x4338000000000000
 
 
 @jit(inline="always")
 def _tanh64(x):
+    # Both branches are computed and the result selected, with one division for both
+    # (a + b / c): branch-free, so a loop over a row vectorises.
     p0, p1, p2 = _TP
     q0, q1, q2 = _TQ
-    e0, e1, e2 = _EP
-    f0, f1, f2, f3 = _EQ
+    c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13 = _EXP_TAYLOR
     a = abs(x)
     z = x * x
-    small = x + x * z * ((p0 * z + p1) * z + p2) / (((z + q0) * z + q1) * z + q2)
     y = min(2.0 * a, 40.0)  # tanh(20) rounds to 1 in float64
     n = math.floor(y * _LOG2E + 0.5)
     r = y - n * _LN2_HI
     r = r - n * _LN2_LO
-    rr = r * r
-    px = r * ((e0 * rr + e1) * rr + e2)
-    s = 1.0 + 2.0 * (px / ((((f0 * rr + f1) * rr + f2) * rr + f3) - px))  # exp(r)
-    k = int(n)  # 0 <= k <= 58: s *= 2**k, bit by bit (selects vectorise, ldexp does not)
-    s *= 2.0 if k & 1 else 1.0
-    s *= 4.0 if k & 2 else 1.0
-    s *= 16.0 if k & 4 else 1.0
-    s *= 256.0 if k & 8 else 1.0
-    s *= 65536.0 if k & 16 else 1.0
-    s *= 4294967296.0 if k & 32 else 1.0
-    big = 1.0 - 2.0 / (s + 1.0)
-    big = big if x >= 0 else -big
-    return small if a < 0.625 else big
+    e = c13 * r + c12
+    e = e * r + c11
+    e = e * r + c10
+    e = e * r + c9
+    e = e * r + c8
+    e = e * r + c7
+    e = e * r + c6
+    e = e * r + c5
+    e = e * r + c4
+    e = e * r + c3
+    e = e * r + c2
+    e = e * r + c1
+    e = e * r + c0
+    # 2**n from the bits of n: adding 1.5 * 2**52 puts the integer n in the low bits
+    # (no float-to-int conversion, which AVX2 cannot vectorise)
+    k = float_to_bits(n + _SHIFTER) - _SHIFTER_BITS
+    s = e * bits_to_float((k + 1023) << 52)  # exp(y), 0 <= n <= 58
+    sg = math.copysign(1.0, x)
+    small = a < 0.625
+    # every operand computed first: the selects then stay selects (no branches)
+    num_s = x * z * ((p0 * z + p1) * z + p2)
+    den_s = ((z + q0) * z + q1) * z + q2
+    num_b = -2.0 * sg
+    den_b = s + 1.0
+    num0 = x if small else sg
+    num1 = num_s if small else num_b
+    den = den_s if small else den_b
+    return num0 + num1 / den
 
 
 @overload(_tanh_stub, jit_options=dict(fastmath=True, error_model="numpy"))

@@ -547,7 +547,7 @@ from numba import prange
 from nets import kernels as _nk
 from nets.activations import sigmoid as _sigmoid
 from nets.activations import tanh as _tanh
-from sciml._jit import jit, pjit
+from sciml._jit import borrow, jit, keep_alive, pjit
 """
 
 

@@ -2,10 +2,17 @@
 
 import numpy as np
 
+from .solvers._erk_template import ERK_KEEP_TAIL
 from .solvers.base import DT_UNDERFLOW, MAX_STEPS, NONFINITE, STATUS_TEXT, SUCCESS
 
 STATUS_NAMES = {SUCCESS: "success", MAX_STEPS: "max_steps", DT_UNDERFLOW: "dt_underflow",
                 NONFINITE: "nonfinite"}
+
+
+_new = object.__new__
+
+# Attributes a lean solution (see `Solution._lean`) makes on first use.
+_LEAN_FIELDS = frozenset({"t", "t_end", "stats", "_params", "_redo"})
 
 
 class SolveWarning(RuntimeWarning):
@@ -45,7 +52,6 @@ class Solution:
     """
 
     _dense = None
-    _redo = None  # None, or a callable: params -> dense data (re-runs the solve with storage)
     _observables = None
 
     def __init__(self, prob, solver, raw, redo=None):
@@ -53,11 +59,49 @@ class Solution:
                   dict(raw.stats), raw.dense, prob.params.copy(), redo)
 
     @classmethod
-    def _make(cls, prob, solver, t, u, status, t_end, stats, params, redo):
-        """The lean constructor of `sciml.solve`'s fast path (no dense data yet)."""
-        self = cls.__new__(cls)
-        self._set(prob, solver, t, u, status, t_end, stats, None, params, redo)
+    def _lean(cls, prob, solver, u, keep, status, redo_args):
+        """The constructor of `sciml.solve`'s lean path: ``u`` and ``keep`` as filled by
+        the compiled ``erk_solve_saveat`` (copies of saveat, u0 and the parameters, then
+        t_end and the counts); the other attributes are made from ``keep`` on first use.
+
+        ``redo_args`` : ``(rtol, atol, dt, max_steps)`` for a lazy dense output, or None.
+        """
+        self = _new(cls)
+        self.prob = prob
+        self.solver = solver
+        self.u = u
+        self.status_code = status
+        self._keep = keep
+        self._redo_args = redo_args
+        if status != SUCCESS:  # stopped early: `u` holds only the times reached
+            self._unpack()
         return self
+
+    def __getattr__(self, name):
+        # Only a lean solution lacks these until first use (see `_lean`).
+        if name in _LEAN_FIELDS and "_keep" in self.__dict__:
+            self._unpack()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _unpack(self):
+        d = self.__dict__
+        keep, u = d.pop("_keep"), d["u"]
+        T, n = u.shape
+        t_end, nfev, nacc, nrej, nsave = keep[keep.shape[0] - ERK_KEEP_TAIL:]
+        nsave = int(nsave)
+        t, u0, params = keep[:T], keep[T:T + n], keep[T + n:keep.shape[0] - ERK_KEEP_TAIL]
+        args = d.pop("_redo_args")
+        redo = None
+        if args is not None:
+            from .solve import _Redo  # (solve imports this module)
+
+            redo = _Redo((d["solver"], d["prob"], u0, t, *args))
+        if nsave < T:
+            t, d["u"] = t[:nsave].copy(), u[:nsave].copy()
+        self._set(d["prob"], d["solver"], t, d["u"], d["status_code"], float(t_end),
+                  {"nfev": int(nfev), "n_accepted": int(nacc), "n_rejected": int(nrej)}, None,
+                  params, redo)
 
     def _set(self, prob, solver, t, u, status, t_end, stats, dense, params, redo):
         self.prob = prob
@@ -70,8 +114,7 @@ class Solution:
         if dense is not None:
             self._dense = dense
         self._params = params  # a copy: observables use the parameters of the solve
-        if redo is not None:
-            self._redo = redo
+        self._redo = redo
 
     @property
     def status(self):

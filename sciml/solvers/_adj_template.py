@@ -43,6 +43,7 @@ from numba import prange
 from sciml._jit import jit, pjit
 from sciml.solvers._common_template import (
     COM_DT_UNDERFLOW,
+    COM_LOG_ERR0,
     COM_MAX_STEPS,
     COM_NEED_STORAGE,
     COM_NONFINITE,
@@ -273,7 +274,7 @@ def adj_solve(kind, A, b, e, c, P, n_step, end_stage,
     if not h > 0.0:
         h = 1e-3 * span
     k0_ok = False
-    err_prev = 1e-4
+    log_prev = COM_LOG_ERR0
     while (t < t_end) if fwd else (t > t_end):
         # the next breakpoint: a stop or an observation time
         if fwd:
@@ -336,7 +337,7 @@ def adj_solve(kind, A, b, e, c, P, n_step, end_stage,
                     status = COM_NONFINITE if not finite else COM_DT_UNDERFLOW
                     break
                 continue
-            h_next, err_prev = com_next_step(en, err_prev, h_try, h, rejected, lands, safety,
+            h_next, log_prev = com_next_step(en, log_prev, h_try, h, rejected, lands, safety,
                                                   qmin, qmax, beta1, beta2)
             nacc += 1
             rejected = False
@@ -804,7 +805,7 @@ def adj_ros_gauss(a, C, c, d, b, e, H, gamma, ts, us, kd, n_steps,
     nacc = 0
     nrej = 0
     jf = max(n_steps - 1, 0)
-    err_prev = 1e-4
+    log_prev = COM_LOG_ERR0
     status = COM_SUCCESS
     while t > t_end:
         lo = stops[k]
@@ -890,7 +891,7 @@ def adj_ros_gauss(a, C, c, d, b, e, H, gamma, ts, us, kd, n_steps,
                     status = COM_NONFINITE if not finite and not singular else COM_DT_UNDERFLOW
                     break
                 continue
-            h_next, err_prev = com_next_step(en, err_prev, h_try, h, rejected, lands, safety,
+            h_next, log_prev = com_next_step(en, log_prev, h_try, h, rejected, lands, safety,
                                                   qmin, qmax, beta1, beta2)
             nacc += 1
             rejected = False

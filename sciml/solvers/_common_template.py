@@ -132,27 +132,27 @@ def com_hinit(u, f0, p, t, ws, rate, rtol, atol, order, hmax, u1, f1):
     return h
 
 
-@jit(inline="always")
-def com_accept_factor(err, err_prev, safety, qmin, qmax, beta1, beta2):
-    """PI controller: factor for the next step after an accepted step with error ``err``."""
-    e = max(err, 1e-10)
-    q = math.exp(beta1 * math.log(e) - beta2 * math.log(err_prev))  # e**b1 / prev**b2, cheaper
-    return min(qmax, max(qmin, safety / q))
+# log(1e-4): the previous step's error assumed at the start and after a dose (DOPRI5's).
+COM_LOG_ERR0 = -9.210340371976182
 
 
 @jit(inline="always")
-def com_next_step(en, err_prev, h_try, h, rejected, lands, safety, qmin, qmax, beta1, beta2):
-    """After an accepted step with error ``en``: ``(next step, err_prev for the next one)``.
+def com_next_step(en, log_prev, h_try, h, rejected, lands, safety, qmin, qmax, beta1, beta2):
+    """After an accepted step with error ``en``: ``(next step, log_prev for the next one)``.
 
-    No growth right after a rejection; a step cut short by a stop (``lands``
-    with ``h_try < h``) says little, so the proposal ``h`` is kept at least.
+    PI controller: ``h_try * clip(safety * prev**beta2 / en**beta1, qmin, qmax)``, with
+    ``log_prev = log(prev)`` carried between steps: one log and one exp a step, no
+    division on the path from one step to the next. No growth right after a rejection;
+    a step cut short by a stop (``lands`` with ``h_try < h``) says little, so the
+    proposal ``h`` is kept at least.
     """
-    h_next = h_try * com_accept_factor(en, err_prev, safety, qmin, qmax, beta1, beta2)
+    le = math.log(max(en, 1e-10))
+    h_next = h_try * min(qmax, max(qmin, safety * math.exp(beta2 * log_prev - beta1 * le)))
     if rejected:
         h_next = min(h_next, h_try)
     elif lands and h_try < h:
         h_next = max(h_next, h)
-    return h_next, max(en, 1e-4)
+    return h_next, max(le, COM_LOG_ERR0)
 
 
 @jit(inline="always")

@@ -25,9 +25,10 @@ import math
 import numpy as np
 from numba import prange
 
-from sciml._jit import jit, pjit
+from sciml._jit import borrow, jit, keep_alive, pjit
 from sciml.solvers._common_template import (
     COM_DT_UNDERFLOW,
+    COM_LOG_ERR0,
     COM_MAX_STEPS,
     COM_NEED_STORAGE,
     COM_NONFINITE,
@@ -42,7 +43,7 @@ from sciml.solvers._common_template import (
     com_rhs,
     com_step_to,
 )
-from sciml.solvers._stubs import WS_SIZE
+from sciml.solvers._stubs import N_PARAMS, N_STATES, WS_SIZE
 
 # --- template begin
 
@@ -146,7 +147,7 @@ def erk_solve(A, b, e, c, P, n_step, end_stage, adaptive, order,
     max_steps : int
         Accepted plus rejected steps allowed.
     safety, qmin, qmax, beta1, beta2 : float
-        PI controller (see `com_accept_factor`).
+        PI controller (see `com_next_step`).
     dense : bool
         Store each accepted step: ``d_t`` (cap + 1,) step start times and
         the final time, ``d_u`` (cap + 1, n) post-dose start states and final
@@ -202,7 +203,7 @@ def erk_solve(A, b, e, c, P, n_step, end_stage, adaptive, order,
     if adaptive and not dt > 0.0:
         h = com_hinit(u, K[0], p, t, ws, rate, rtol, atol, order, tf - t, tmp, err)
         nfev += 1
-    err_prev = 1e-4
+    log_prev = COM_LOG_ERR0
     rejected = False
     nonfinite = False
     while k < nseg:
@@ -233,7 +234,7 @@ def erk_solve(A, b, e, c, P, n_step, end_stage, adaptive, order,
                     status = COM_NONFINITE if nonfinite else COM_DT_UNDERFLOW
                     break
                 continue
-            h_next, err_prev = com_next_step(en, err_prev, h_try, h, rejected, lands, safety,
+            h_next, log_prev = com_next_step(en, log_prev, h_try, h, rejected, lands, safety,
                                                   qmin, qmax, beta1, beta2)
         else:
             if not com_all_finite(unew):
@@ -275,7 +276,7 @@ def erk_solve(A, b, e, c, P, n_step, end_stage, adaptive, order,
                     h_next = min(h_next, com_hinit(u, K[0], p, t, ws, rate, rtol, atol, order,
                                                    tf - t, tmp, err))
                     nfev += 1
-                    err_prev = 1e-4
+                    log_prev = COM_LOG_ERR0
         elif end_stage >= 0 and (end_stage < s or have_extra):
             for m in range(n):
                 K[0, m] = K[end_stage, m]
@@ -306,24 +307,66 @@ def erk_solve(A, b, e, c, P, n_step, end_stage, adaptive, order,
 # Layout of the packed tableau-and-controller vector of `erk_solve_saveat`
 # (built once per solver object by `sciml.solvers.erk.ExplicitRK._packed`).
 ERK_TAB_HEAD = 11  # s_all, d, n_step, end_stage, adaptive, order, safety, qmin, qmax, beta1, beta2
+# The tail of `erk_solve_saveat`'s ``keep`` vector: t_end, nfev, n_accepted, n_rejected, n_saved.
+ERK_KEEP_TAIL = 5
+
+
+@jit(inline="always")
+def erk_keep(keep, status, t_end, stats, save_t, u0, p, own_f, own_i):
+    """Fill `erk_solve_saveat`'s ``keep`` (see there) and return ``status``.
+
+    ``own_f, own_i``: the scratch buffers the loop borrowed from, alive until here.
+    """
+    keep_alive(own_f)
+    keep_alive(own_i)
+    ns = save_t.shape[0]
+    n = u0.shape[0]
+    for i in range(ns):
+        keep[i] = save_t[i]
+    for i in range(n):
+        keep[ns + i] = u0[i]
+    o = ns + n
+    for i in range(p.shape[0]):
+        keep[o + i] = p[i]
+    o += p.shape[0]
+    keep[o] = t_end
+    for i in range(4):
+        keep[o + 1 + i] = stats[i]
+    return status
 
 
 @jit
-def erk_solve_saveat(tab, u0, p, save_t, out_u, atol, t0, tf, rtol, dt, max_steps):
+def erk_solve_saveat(tab, u0, p, save_t, out_u, keep, atol, t0, tf, rtol, dt, max_steps):
     """`erk_solve` for the common case (no doses, output at ``save_t``, no dense output).
 
     ``tab`` packs the tableau and the controller (``ERK_TAB_HEAD`` numbers, then A, b, e, c, P
-    row-major); every scratch buffer is allocated here. ``save_t`` is checked here (sorted,
-    finite, inside ``[t0, tf]``): status -1 when it is not (nothing is solved).
+    row-major); ``atol`` is a number or an (n,) array; every scratch buffer is allocated
+    here. The values of the arguments are checked here (``save_t`` sorted inside
+    ``[t0, tf]``, tolerances, ``dt``, ``max_steps``, shapes): status -1 when one is not as
+    expected, with nothing solved, for the caller's full checks to name it.
+
+    ``keep`` (T + n + n_params + ERK_KEEP_TAIL,) receives what a solution keeps besides
+    ``out_u`` (T, n): copies of ``save_t``, ``u0`` and ``p``, then t_end, nfev, n_accepted,
+    n_rejected and n_saved, so that the caller allocates two arrays and copies nothing.
 
     Returns
     -------
-    (status, t_end, nfev, n_accepted, n_rejected, n_saved)
+    status : int
     """
     ns = save_t.shape[0]
+    n = N_STATES  # a constant: the small loops over states unroll
+    if (u0.shape[0] != n or p.shape[0] != N_PARAMS or out_u.shape[0] != ns
+            or out_u.shape[1] != n or keep.shape[0] != ns + n + N_PARAMS + ERK_KEEP_TAIL
+            or not (rtol >= 1e-14 and rtol < math.inf) or not (dt >= 0.0 and dt < math.inf)
+            or max_steps < 1 or not (t0 < tf and tf - t0 < math.inf)):
+        return -1
     for i in range(ns):
         if not (save_t[i] >= t0 and save_t[i] <= tf) or (i > 0 and save_t[i] < save_t[i - 1]):
-            return -1, t0, 0, 0, 0, 0
+            return -1
+    # Views below are not reference-counted (see `sciml._jit.borrow`): the caller holds
+    # the arguments, and `erk_keep` keeps the two scratch buffers alive to the end.
+    tab, u0, p, save_t, out_u, keep = (borrow(tab), borrow(u0), borrow(p), borrow(save_t),
+                                       borrow(out_u), borrow(keep))
     s_all = int(tab[0])
     d = int(tab[1])
     o = ERK_TAB_HEAD
@@ -334,8 +377,8 @@ def erk_solve_saveat(tab, u0, p, save_t, out_u, atol, t0, tf, rtol, dt, max_step
     c = tab[o + 2 * s_all:o + 3 * s_all]
     o += 3 * s_all
     P = tab[o:o + s_all * d].reshape((s_all, d))
-    n = u0.shape[0]
-    fbuf = np.zeros(max(WS_SIZE, 1) + (s_all + 7) * n + 4)  # (+ n: a 5th work row)
+    own_f = np.zeros(max(WS_SIZE, 1) + (s_all + 7) * n + 4)
+    fbuf = borrow(own_f)
     ws = fbuf[:max(WS_SIZE, 1)]
     o = ws.shape[0]
     K = fbuf[o:o + s_all * n].reshape((s_all, n))
@@ -346,22 +389,29 @@ def erk_solve_saveat(tab, u0, p, save_t, out_u, atol, t0, tf, rtol, dt, max_step
     o += n
     d_u = fbuf[o:o + n].reshape((1, n))
     o += n
+    atol_v = fbuf[o:o + n]
+    atol_v[:] = atol  # a number or one per state
+    o += n
+    for i in range(n):
+        if not (atol_v[i] > 0.0 and atol_v[i] < math.inf):
+            return -1
     stops = fbuf[o:o + 2]
     stops[0] = t0
     stops[1] = tf
     d_t = fbuf[o + 2:o + 3]
     none_f = fbuf[o + 3:o + 3]
-    ibuf = np.zeros(4, dtype=np.int64)
+    own_i = np.zeros(4, dtype=np.int64)
+    ibuf = borrow(own_i)
     none_i = ibuf[:0]
     stats = ibuf[:4]
     d_k = K[:0].reshape((0, s_all, n))
-    d_have = np.zeros(0, dtype=np.int8)
+    d_have = borrow(np.zeros(0, dtype=np.int8))  # empty: never read
     status, t_end = erk_solve(A, b, e, c, P, int(tab[2]), int(tab[3]), tab[4] != 0.0,
                               int(tab[5]), u0, p, ws, stops, seg_rate, none_i, none_i, none_f,
-                              False, save_t, none_f, out_u, rtol, atol, dt, max_steps,
+                              False, save_t, none_f, out_u, rtol, atol_v, dt, max_steps,
                               tab[6], tab[7], tab[8], tab[9], tab[10],
                               False, d_t, d_u, d_k, d_have, none_i, K, W, stats)
-    return status, t_end, stats[0], stats[1], stats[2], stats[3]
+    return erk_keep(keep, status, t_end, stats, save_t, u0, p, own_f, own_i)
 
 
 @jit

@@ -29,6 +29,7 @@ import math
 from sciml._jit import jit
 from sciml.solvers._common_template import (
     COM_DT_UNDERFLOW,
+    COM_LOG_ERR0,
     COM_MAX_STEPS,
     COM_NEED_STORAGE,
     COM_NONFINITE,
@@ -50,7 +51,7 @@ from sciml.solvers._stubs import jac_into
 
 # The carry: what `ros_solve` needs to resume after NEED_STORAGE. cf: floats;
 # ci: ints, the first five being the statistics.
-ROS_CF_T, ROS_CF_H, ROS_CF_ERRPREV, ROS_CF_SIZE = 0, 1, 2, 3
+ROS_CF_T, ROS_CF_H, ROS_CF_LOGPREV, ROS_CF_SIZE = 0, 1, 2, 3
 (ROS_CI_NFEV, ROS_CI_NJAC, ROS_CI_NLU, ROS_CI_NACC, ROS_CI_NREJ, ROS_CI_STARTED, ROS_CI_NSTEP,
  ROS_CI_SAVED, ROS_CI_BOLUS, ROS_CI_SEG, ROS_CI_SIZE) = range(11)
 
@@ -149,7 +150,7 @@ def ros_solve(a, C, c, d, b, e, H, gamma, order, adaptive,
     max_steps : int
         Accepted plus rejected steps allowed.
     safety, qmin, qmax, beta1, beta2 : float
-        PI controller (see `com_accept_factor`).
+        PI controller (see `com_next_step`).
     store : bool
         Keep every accepted step: ``ts`` (cap + 1,) step start times and the
         final time, ``us`` (cap + 1, n) post-dose start states and the final
@@ -196,10 +197,10 @@ def ros_solve(a, C, c, d, b, e, H, gamma, order, adaptive,
         ci[ROS_CI_SAVED] = sp
         cf[ROS_CF_T] = t
         cf[ROS_CF_H] = h_init
-        cf[ROS_CF_ERRPREV] = 1e-4
+        cf[ROS_CF_LOGPREV] = COM_LOG_ERR0
     t = cf[ROS_CF_T]
     h = cf[ROS_CF_H]
-    err_prev = cf[ROS_CF_ERRPREV]
+    log_prev = cf[ROS_CF_LOGPREV]
     nfev = ci[ROS_CI_NFEV]
     njac = ci[ROS_CI_NJAC]
     nlu = ci[ROS_CI_NLU]
@@ -291,7 +292,7 @@ def ros_solve(a, C, c, d, b, e, H, gamma, order, adaptive,
             continue
 
         if adaptive:
-            h_next, err_prev = com_next_step(en, err_prev, h_try, h, rejected, lands, safety,
+            h_next, log_prev = com_next_step(en, log_prev, h_try, h, rejected, lands, safety,
                                                   qmin, qmax, beta1, beta2)
         else:
             h_next = h_init
@@ -322,7 +323,7 @@ def ros_solve(a, C, c, d, b, e, H, gamma, order, adaptive,
                 # The state jumped: cap the next step by a fresh estimate (a
                 # negative h asks the next evaluation of f for it).
                 h_next = -h_next
-                err_prev = 1e-4
+                log_prev = COM_LOG_ERR0
         while sp < ns and save_t[sp] <= t:
             save_u[sp, :] = u
             sp += 1
@@ -337,7 +338,7 @@ def ros_solve(a, C, c, d, b, e, H, gamma, order, adaptive,
 
     cf[ROS_CF_T] = t
     cf[ROS_CF_H] = h
-    cf[ROS_CF_ERRPREV] = err_prev
+    cf[ROS_CF_LOGPREV] = log_prev
     ci[ROS_CI_NFEV] = nfev
     ci[ROS_CI_NJAC] = njac
     ci[ROS_CI_NLU] = nlu

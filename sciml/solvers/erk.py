@@ -5,6 +5,7 @@ integration itself is `erk_solve` of the model's generated module (pasted
 from `_erk_template`), which takes the tableau's arrays as arguments.
 """
 
+import re
 from typing import NamedTuple
 
 import numpy as np
@@ -115,6 +116,7 @@ class ExplicitRK(Solver):
     def __setattr__(self, name, value):
         # A changed setting invalidates the packed vector of `_packed`.
         self.__dict__.pop("_packed_cache", None)
+        self.__dict__.pop("_lean_cache", None)
         object.__setattr__(self, name, value)
 
     def _packed(self):
@@ -134,40 +136,23 @@ class ExplicitRK(Solver):
         self.__dict__["_packed_cache"] = packed
         return packed
 
-    def _lean_name(self):
-        """The generated loop `_run_saveat` calls: tableau-specialised for a built-in tableau."""
-        name = self.__dict__.get("_lean")
-        if name is None:
-            key = next((k for k, t in BUILTIN.items() if t is self.tableau), None)
-            name = "erk_solve_saveat" if key is None else f"erk_{key}_solve_saveat"
-            self.__dict__["_lean"] = name
-        return name
+    def _lean(self, model):
+        """``(model, loop, tab, n_states, extra)`` for `sciml.solve`'s lean path (cached for
+        the last model).
 
-    def _run_saveat(self, prob, save_t, rtol, atol, dt, max_steps):
-        """The lean path of `sciml.solve`: no doses or tstops, output at ``save_t``, not dense.
-
-        ``save_t`` : 1-D float64 C-contiguous array (checked in the compiled code; None is
-        returned when it is not sorted or not inside tspan, for the caller's full check).
-        Returns ``(t, u, status, t_end, (nfev, n_accepted, n_rejected))`` or None.
+        ``loop`` is the model module's `erk_solve_saveat`, tableau-specialised for a
+        built-in tableau (``erk_<key>_solve_saveat``); ``tab`` is `_packed`.
         """
-        u0 = prob.u0
-        out_u = np.empty((save_t.shape[0], u0.shape[0]))
-        t0, tf = prob.tspan
-        mod = prob.model.module
-        fn = getattr(mod, self.__dict__.get("_lean") or self._lean_name(), None)
-        if fn is None:  # a module without the specialised loops: the generic one
-            fn = self._kernels(prob.model).erk_solve_saveat
-        tab = self.__dict__.get("_packed_cache")
-        if tab is None:
-            tab = self._packed()
-        st, t_end, nfev, nacc, nrej, nsave = fn(
-            tab, u0, prob.params, save_t,
-            out_u, atol, t0, tf, rtol, 0.0 if dt is None else dt, max_steps)
-        if st < 0:
-            return None
-        if nsave < save_t.shape[0]:
-            return save_t[:nsave].copy(), out_u[:nsave].copy(), st, t_end, (nfev, nacc, nrej)
-        return save_t.copy(), out_u, st, t_end, (nfev, nacc, nrej)
+        lean = self.__dict__.get("_lean_cache")
+        if lean is not None and lean[0] is model:
+            return lean
+        key = next((k for k, t in BUILTIN.items() if t is self.tableau), None)
+        mod = self._kernels(model)
+        loop = getattr(mod, f"erk_{key}_solve_saveat", None) if key else None
+        extra = model.n_states + model.n_params + mod.ERK_KEEP_TAIL  # `keep` beyond saveat
+        lean = (model, loop or mod.erk_solve_saveat, self._packed(), model.n_states, extra)
+        self.__dict__["_lean_cache"] = lean
+        return lean
 
     def _ctrl_args(self, rtol, atol):
         return rtol, atol, self.safety, self.qmin, self.qmax, self.beta1, self.beta2
@@ -433,27 +418,26 @@ def _tableau_kernels(key, tab):
     s, sa = tab.n_step_stages, tab.n_stages
     A, b, c, P, e = tab.A, tab.b, tab.c, tab.b_dense, tab.b_error
     pre = f"erk_{key}"
-    # f goes to kb, then into row i of K: a row view ``K[i]`` per stage would cost
-    # numba two atomic reference-count updates (~1 us of a 3.4 us solve).
-    L = ['@jit(inline="always")', f"def {pre}_stages(K, u, h, t, p, ws, rate, tmp, kb):",
+    # The lean loop has no doses (no infusion rate to add: `rhs_into`, not `com_rhs`),
+    # and its K is borrowed (`sciml._jit.borrow`), so a row view costs nothing.
+    L = ['@jit(inline="always")', f"def {pre}_stages(K, u, h, t, p, ws, tmp):",
          f'    """Stages 1..{s - 1} of {key}, coefficients unrolled (see `erk_stages`)."""',
-         "    n = u.shape[0]"]
+         "    n = N_STATES"]
     for i in range(1, s):
         L += ["    for m in range(n):",
               f"        tmp[m] = u[m] + h * ({_lincomb(A[i, :i])})",
-              f"    com_rhs(kb, tmp, p, t + {_lit(c[i])} * h, ws, rate)",
-              "    for m in range(n):", f"        K[{i}, m] = kb[m]"]
+              f"    rhs_into(K[{i}], tmp, p, t + {_lit(c[i])} * h, ws)"]
     if s == 1:
         L.append("    return")
     L += ["", "", '@jit(inline="always")', f"def {pre}_combine(unew, err, u, h, K):",
           '    """``unew`` and the error estimate ``err`` of a step (see `erk_combine`)."""',
-          "    n = u.shape[0]", "    for m in range(n):",
+          "    n = N_STATES", "    for m in range(n):",
           f"        unew[m] = u[m] + h * ({_lincomb(b[:s])})"]
     if e is not None:
         L.append(f"        err[m] = h * ({_lincomb(e[:s])})")
     L += ["", "", '@jit(inline="always")', f"def {pre}_interp(out, row, theta, h, u, K):",
           '    """``out[row]`` = the interpolant at ``theta`` (see `erk_interp`)."""',
-          "    n = u.shape[0]"]
+          "    n = N_STATES"]
     d = P.shape[1]
     used = [i for i in range(sa) if np.any(P[i] != 0)]
     for i in used:
@@ -479,7 +463,9 @@ def specialized_source():
     body of `erk_solve` pasted in (not called: a call passes ~25 arrays, and numba's
     reference counting of them, atomic increments and decrements, was ~1.4 us of a
     3.6 us solve), ``save_all`` and ``dense`` constant False (those branches compile
-    away), and the stage, update and interpolation arithmetic unrolled (`_tableau_kernels`).
+    away), the model's `rhs_into` called directly (the lean path has no doses, so no
+    infusion rate to add), the state count and the tableau's sizes as constants, and
+    the stage, update and interpolation arithmetic unrolled (`_tableau_kernels`).
     """
     from .._codegen import template_source
     from . import _erk_template
@@ -495,22 +481,28 @@ def specialized_source():
             "    bolus_k = none_i\n    bolus_i = none_i\n    bolus_a = none_f\n"
             "    out_t = none_f\n    d_seg = none_i\n")
     swaps = [("erk_stages(K, u, h_try, t, p, ws, rate, A, c, 1, s, tmp)",
-              "erk_{k}_stages(K, u, h_try, t, p, ws, rate, tmp, kbuf)"),
+              "erk_{k}_stages(K, u, h_try, t, p, ws, tmp)"),
+             ("    com_rhs(K[0], u, p, t, ws, rate)\n", "    rhs_into(K[0], u, p, t, ws)\n"),
              ("erk_combine(unew, u, h_try, b, K, s)", "erk_{k}_combine(unew, err, u, h_try, K)"),
              ("erk_error(err, h_try, e, K, s)", "pass  # err: in erk_{k}_combine"),
              ("erk_interp(out_u[sp], (save_t[sp] - t) / h_try, h_try, u, K, P)",
               "erk_{k}_interp(out_u, sp, (save_t[sp] - t) / h_try, h_try, u, K)"),
              ("def erk_solve_saveat(", "def erk_{k}_solve_saveat("),
-             ("    err = W[3]\n", "    err = W[3]\n    kbuf = W[4]\n"),
-             ("W = fbuf[o:o + 4 * n].reshape((4, n))\n    o += 4 * n",
-              "W = fbuf[o:o + 5 * n].reshape((5, n))\n    o += 5 * n"),
              ("    return status, t\n",
-              "    return status, t, stats[0], stats[1], stats[2], stats[3]\n")]
+              "    return erk_keep(keep, status, t, stats, save_t, u0, p, own_f, own_i)\n"),
+             # the state count as a constant: numba unrolls the small per-state loops
+             ("    n = u0.shape[0]\n    s = n_step\n", "    n = N_STATES\n    s = n_step\n"),
+             # the tableau's sizes as constants too (the scratch views then have constant
+             # shapes), and no int8 buffer for the dense flags that are never stored
+             ("    s_all = int(tab[0])\n    d = int(tab[1])\n",
+              "    s_all = {s_all}\n    d = {d}\n"),
+             ("    d_have = borrow(np.zeros(0, dtype=np.int8))  # empty: never read\n",
+              "    d_have = none_i\n")]
     out = ["# --- tableau-specialised ERK loops (generated by sciml.solvers.erk)\n\n"]
     for key, tab in BUILTIN.items():
-        text = head + bind + body
+        text = head + bind + re.sub(r"\batol\b", "atol_v", body)
         for a, b in swaps:
             assert a in text, a
-            text = text.replace(a, b.format(k=key))
+            text = text.replace(a, b.format(k=key, s_all=tab.n_stages, d=tab.b_dense.shape[1]))
         out.append(_tableau_kernels(key, tab) + "\n" + text)
     return "".join(out)

@@ -14,14 +14,8 @@ import textwrap
 import numpy as np
 
 from sciml._codegen import build_module, template_source
+from sciml._kernelgen import HEADER  # the imports every generated module starts with
 from sciml.solvers import TEMPLATES
-
-HEADER = """import math
-import numpy as np
-from numba import prange
-from sciml._jit import jit, pjit
-from nets import kernels as _nk
-"""
 
 
 class HandModel:

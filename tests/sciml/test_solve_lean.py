@@ -1,5 +1,7 @@
 """`sciml.solve`'s lean path (one plain problem, saveat as an array) and lazy dense output."""
 
+import copy as copy_module
+import math
 import warnings
 
 import numpy as np
@@ -105,3 +107,53 @@ def test_changed_solver_settings_repack():
     b = solve(lv_prob(), s, saveat=t)
     c = solve(lv_prob(), Tsit5(safety=0.5), saveat=t)
     assert a.stats != b.stats and b.stats == c.stats
+
+
+def test_lean_path_per_state_atol():
+    prob = lv_prob()
+    t = np.linspace(0, 10, 21)
+    atol = np.array([1e-9, 1e-5])
+    lean = solve(prob, Tsit5(), rtol=1e-7, atol=atol, saveat=t)  # ndarray atol: lean path
+    full = solve(prob, Tsit5(), rtol=1e-7, atol=list(atol), saveat=list(t))
+    assert lean.stats == full.stats
+    np.testing.assert_array_equal(lean.u, full.u)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rtol=0.0), "`rtol` must be a finite number > 0"),
+    (dict(rtol=1e-16), "below what float64 can resolve"),
+    (dict(atol=-1.0), "`atol` must be finite and > 0"),
+    (dict(atol=np.array([1e-6, 0.0])), "`atol` must be finite and > 0"),
+    (dict(atol=np.array([1e-6, np.inf])), "`atol` must be finite and > 0"),
+    (dict(dt=math.inf), "`dt` must be a finite number > 0"),
+    (dict(dt=0.0), "`dt` must be a finite number > 0"),
+    (dict(max_steps=0), "`max_steps` must be a positive int"),
+])
+def test_lean_path_bad_values_get_the_full_paths_errors(kwargs, message):
+    # the lean path checks values in the compiled loop and hands anything odd to the
+    # full path, whose checks name the argument
+    with pytest.raises(ValueError, match=message):
+        solve(lv_prob(), Tsit5(), saveat=np.linspace(0, 10, 5), **kwargs)
+
+
+def test_lean_solution_attributes():
+    prob = lv_prob()
+    t = np.linspace(0, 10, 11)
+    lean = solve(prob, Tsit5(), saveat=t)
+    full = solve(prob, Tsit5(), saveat=list(t))
+    assert lean.success and lean.status == "success" and lean.t_end == 10.0
+    assert lean.stats == full.stats and set(lean.stats) == {"nfev", "n_accepted", "n_rejected"}
+    assert len(lean) == 11 and "Tsit5" in repr(lean)
+    assert lean.observables == full.observables == {}
+    copy = copy_module.copy(solve(prob, Tsit5(), saveat=t))  # before first use
+    np.testing.assert_array_equal(copy.t, t)
+    np.testing.assert_array_equal(copy(t), lean(t))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = lean.nope
+
+
+def test_lean_path_warning_points_at_the_caller():
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        solve(lv_prob(), Tsit5(), saveat=np.linspace(0, 10, 11), max_steps=5)
+    assert [x.filename for x in w if issubclass(x.category, SolveWarning)] == [__file__]
