@@ -141,31 +141,48 @@ class ODEProblem:
     """
 
     def __init__(self, model, u0, tspan, params, doses=(), tstops=()):
-        self.model = model
-        u0 = np.asarray(u0, dtype=np.float64)
-        if u0.shape != (model.n_states,):
-            raise ValueError(f"ODEProblem: `u0` must have shape ({model.n_states},) for states "
-                             f"{', '.join(model.states)}; got {u0.shape}")
-        if not np.all(np.isfinite(u0)):
-            raise ValueError("ODEProblem: `u0` contains NaN or Inf")
-        try:
-            t0, tf = (float(v) for v in tspan)
-        except (TypeError, ValueError):
-            raise ValueError(f"ODEProblem: `tspan` must be (t0, tf), got {tspan!r}") from None
-        if not (np.isfinite(t0) and np.isfinite(tf) and t0 < tf):
-            raise ValueError(f"ODEProblem: `tspan` must satisfy t0 < tf (finite), got {tspan!r}")
-        params = np.asarray(params, dtype=np.float64)
-        if params.shape != (model.n_params,):
-            raise ValueError(f"ODEProblem: `params` must have length {model.n_params} "
-                             f"(model.n_params), got shape {params.shape}")
-        if not np.all(np.isfinite(params)):
-            raise ValueError("ODEProblem: `params` contains NaN or Inf")
-        self.u0, self.tspan, self.params = u0, (t0, tf), params
-        self.doses = tuple(doses)
-        self.dose_arrays = dose_arrays(self.doses, model.states, tstops)
-        self.tstops = tuple(float(t) for t in np.ravel(np.asarray(tstops, dtype=np.float64)))
-        # No doses and no tstops: `sciml.solve` may take its lean path.
-        self._plain = self.dose_arrays.tstops.size == 0
+        object.__setattr__(self, "model", model)
+        self.u0, self.tspan, self.params = u0, tspan, params
+        self.doses, self.tstops = doses, tstops
+
+    def __setattr__(self, name, value):
+        # Checked whenever set, not only here: the compiled loops take u0 and params as
+        # they are (float64, C-contiguous, the model's sizes), and the doses' flat arrays
+        # follow `doses` and `tstops`.
+        model = self.model
+        if name == "u0":
+            value = np.ascontiguousarray(value, dtype=np.float64)
+            if value.shape != (model.n_states,):
+                raise ValueError(f"ODEProblem: `u0` must have shape ({model.n_states},) for "
+                                 f"states {', '.join(model.states)}; got {value.shape}")
+            if not np.all(np.isfinite(value)):
+                raise ValueError("ODEProblem: `u0` contains NaN or Inf")
+        elif name == "params":
+            value = np.ascontiguousarray(value, dtype=np.float64)
+            if value.shape != (model.n_params,):
+                raise ValueError(f"ODEProblem: `params` must have length {model.n_params} "
+                                 f"(model.n_params), got shape {value.shape}")
+            if not np.all(np.isfinite(value)):
+                raise ValueError("ODEProblem: `params` contains NaN or Inf")
+        elif name == "tspan":
+            try:
+                t0, tf = (float(v) for v in value)
+            except (TypeError, ValueError):
+                raise ValueError(f"ODEProblem: `tspan` must be (t0, tf), got {value!r}") from None
+            if not (np.isfinite(t0) and np.isfinite(tf) and t0 < tf):
+                raise ValueError(f"ODEProblem: `tspan` must satisfy t0 < tf (finite), got "
+                                 f"{value!r}")
+            value = (t0, tf)
+        elif name == "doses":
+            value = tuple(value)
+        elif name == "tstops":
+            value = tuple(float(t) for t in np.ravel(np.asarray(value, dtype=np.float64)))
+        object.__setattr__(self, name, value)
+        if name in ("doses", "tstops") and "doses" in self.__dict__ and "tstops" in self.__dict__:
+            arrays = dose_arrays(self.doses, model.states, self.tstops)
+            object.__setattr__(self, "dose_arrays", arrays)
+            # No doses and no tstops: `sciml.solve` may take its lean path.
+            object.__setattr__(self, "_plain", arrays.tstops.size == 0)
 
     def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None):
         """A copy with some fields replaced (the model is shared)."""

@@ -11,7 +11,7 @@ STATUS_NAMES = {SUCCESS: "success", MAX_STEPS: "max_steps", DT_UNDERFLOW: "dt_un
 
 _new = object.__new__
 
-# Attributes a lean solution (see `Solution._lean`) makes on first use.
+# Attributes a lean solution (see `lean_solution`) makes on first use.
 _LEAN_FIELDS = frozenset({"t", "t_end", "stats", "_params", "_redo"})
 
 
@@ -58,27 +58,8 @@ class Solution:
         self._set(prob, solver, raw.t, raw.u, int(raw.status), float(raw.t_end),
                   dict(raw.stats), raw.dense, prob.params.copy(), redo)
 
-    @classmethod
-    def _lean(cls, prob, solver, u, keep, status, redo_args):
-        """The constructor of `sciml.solve`'s lean path: ``u`` and ``keep`` as filled by
-        the compiled ``erk_solve_saveat`` (copies of saveat, u0 and the parameters, then
-        t_end and the counts); the other attributes are made from ``keep`` on first use.
-
-        ``redo_args`` : ``(rtol, atol, dt, max_steps)`` for a lazy dense output, or None.
-        """
-        self = _new(cls)
-        self.prob = prob
-        self.solver = solver
-        self.u = u
-        self.status_code = status
-        self._keep = keep
-        self._redo_args = redo_args
-        if status != SUCCESS:  # stopped early: `u` holds only the times reached
-            self._unpack()
-        return self
-
     def __getattr__(self, name):
-        # Only a lean solution lacks these until first use (see `_lean`).
+        # Only a lean solution lacks these until first use (see `lean_solution`).
         if name in _LEAN_FIELDS and "_keep" in self.__dict__:
             self._unpack()
             return self.__dict__[name]
@@ -184,3 +165,22 @@ class Solution:
                 model.module.com_observe(Y, self.t, self.u, self._params, model.workspace())
                 self._observables = {k: Y[:, i].copy() for i, k in enumerate(names)}
         return dict(self._observables)
+
+
+def lean_solution(prob, solver, u, keep, status, redo_args):
+    """The `Solution` of `sciml.solve`'s lean path: ``u`` and ``keep`` as filled by the
+    compiled ``erk_solve_saveat`` (copies of saveat, u0 and the parameters, then t_end
+    and the counts); the other attributes are made from ``keep`` on first use.
+
+    ``redo_args`` : ``(rtol, atol, dt, max_steps)`` for a lazy dense output, or None.
+    """
+    self = _new(Solution)
+    self.prob = prob
+    self.solver = solver
+    self.u = u
+    self.status_code = status
+    self._keep = keep
+    self._redo_args = redo_args
+    if status != SUCCESS:  # stopped early: `u` holds only the times reached
+        self._unpack()
+    return self

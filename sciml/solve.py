@@ -10,11 +10,12 @@ partial solution.
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
+import numba
 import numpy as np
 
 from ._jit import Threads
 from .problem import ODEProblem
-from .solution import Solution, SolveWarning
+from .solution import Solution, SolveWarning, lean_solution
 from .solvers.base import STATUS_TEXT, SUCCESS, Solver
 from .solvers.erk import ExplicitRK, Tsit5
 
@@ -77,18 +78,34 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
         if lean is None or lean[0] is not prob.model:
             lean = solver._lean(prob.model) if isinstance(solver, ExplicitRK) else None
         if lean is not None:
-            _, loop, tab, n, extra = lean
+            _, loop, tab, n, extra, entries = lean
             ns = saveat.shape[0]
             out_u, keep = np.empty((ns, n)), np.empty(ns + extra)
             t0, tf = prob.tspan
-            status = loop(tab, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol,
+            # After the first call, the compiled entry point itself: every argument's type
+            # is fixed by now (checked above, by ODEProblem, or made here), so numba's
+            # dispatch on the types is skipped.
+            call = entries.get(type(atol))
+            if call is None:
+                call = _entry_point(entries, loop, atol, (
+                    tab, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol, 0.0, 1))
+            status = call(tab, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol,
                           0.0 if dt is None else dt, max_steps)
             if status >= 0:
-                sol = Solution._lean(prob, solver, out_u, keep, status,
-                                     None if dense is False else (rtol, atol, dt, max_steps))
+                sol = lean_solution(prob, solver, out_u, keep, status,
+                                    None if dense is False else (rtol, atol, dt, max_steps))
                 if status != SUCCESS:
                     _warn_if_failed(sol, None)
                 return sol
+    return _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads)
+
+
+def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
+    """`solve` for everything but its lean path: full checks, doses, lists of problems.
+
+    (A separate function: its comprehensions would make `solve`'s locals closure
+    cells, which cost the lean path ~0.2 us a call.)
+    """
     solver = _check_solver(solver)
     many = isinstance(prob, (list, tuple))
     probs = list(prob) if many else [prob]
@@ -113,15 +130,16 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
         redo = _Redo((solver, probs[0], probs[0].u0.copy(), saveats[0], rtol, atols[0], dt,
                       max_steps)) if lazy else None
         sol = Solution(probs[0], solver, raw, redo)
-        _warn_if_failed(sol, None)
+        _warn_if_failed(sol, None, 4)
         return sol
     raws = _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, store, threads)
     sols = [Solution(p, solver, r, _Redo((solver, p, p.u0.copy(), sv, rtol, a, dt, max_steps))
                      if lazy else None)
             for p, r, sv, a in zip(probs, raws, saveats, atols)]
     for i, sol in enumerate(sols):
-        _warn_if_failed(sol, i)
+        _warn_if_failed(sol, i, 4)
     return sols
+
 
 
 _F64 = np.dtype(np.float64)
@@ -138,6 +156,15 @@ def _atol_vector(atol, n):
         a = _ATOLS[key] = np.full(n, atol)
         a.flags.writeable = False
     return a
+
+
+def _entry_point(entries, loop, atol, args):
+    """The compiled function for these argument types (compiled or loaded now if needed),
+    remembered in ``entries`` by the type of ``atol``; ``loop`` itself without the jit."""
+    if not hasattr(loop, "overloads"):  # NUMBA_DISABLE_JIT
+        return loop
+    entries[type(atol)] = entry = loop.compile(tuple(numba.typeof(a) for a in args))
+    return entry
 
 
 def _lean_atol(atol, n):
@@ -174,13 +201,13 @@ class _Redo(tuple):
         return solver._run(q, saveat, rtol, atol, dt, max_steps, True).dense
 
 
-def _warn_if_failed(sol, index):
+def _warn_if_failed(sol, index, stacklevel=3):
     if sol.status_code == SUCCESS:
         return
     which = "" if index is None else f" (problem {index})"
     warnings.warn(f"sciml.solve{which} stopped at t = {sol.t_end:.6g} before the end of tspan "
                   f"{sol.prob.tspan}: {STATUS_TEXT[sol.status_code]}; returning the partial "
-                  "solution", SolveWarning, stacklevel=3)
+                  "solution", SolveWarning, stacklevel=stacklevel)
 
 
 # ---------------------------------------------------------------- many problems

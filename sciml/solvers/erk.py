@@ -137,8 +137,8 @@ class ExplicitRK(Solver):
         return packed
 
     def _lean(self, model):
-        """``(model, loop, tab, n_states, extra)`` for `sciml.solve`'s lean path (cached for
-        the last model).
+        """``(model, loop, tab, n_states, extra, entries)`` for `sciml.solve`'s lean path
+        (cached for the last model).
 
         ``loop`` is the model module's `erk_solve_saveat`, tableau-specialised for a
         built-in tableau (``erk_<key>_solve_saveat``); ``tab`` is `_packed`.
@@ -150,7 +150,8 @@ class ExplicitRK(Solver):
         mod = self._kernels(model)
         loop = getattr(mod, f"erk_{key}_solve_saveat", None) if key else None
         extra = model.n_states + model.n_params + mod.ERK_KEEP_TAIL  # `keep` beyond saveat
-        lean = (model, loop or mod.erk_solve_saveat, self._packed(), model.n_states, extra)
+        lean = (model, loop or mod.erk_solve_saveat, self._packed(), model.n_states, extra,
+                {})  # entry points by the type of atol (see `sciml.solve`)
         self.__dict__["_lean_cache"] = lean
         return lean
 

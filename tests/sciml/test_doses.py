@@ -170,3 +170,27 @@ def test_remake_keeps_doses_and_tstops():
     assert again.tstops == (3.5, 7.25) and again.doses == prob.doses
     np.testing.assert_array_equal(again.dose_arrays.tstops, prob.dose_arrays.tstops)
     assert prob.remake(tstops=[]).tstops == ()
+
+
+def test_fields_set_after_construction_are_checked_and_followed():
+    prob = pk_prob([])
+    t = np.linspace(0, 24, 13)
+    assert prob._plain
+    prob.doses = [Bolus(0.0, 100.0, "depot")]  # the flat dose arrays follow
+    assert not prob._plain
+    dosed = solve(prob, Tsit5(), rtol=1e-10, atol=1e-10, saveat=t)
+    np.testing.assert_allclose(dosed.u, bolus_depot(t, 0.0, 100.0), rtol=1e-7, atol=1e-7)
+    prob.params = [KA, KE, V]  # a list: stored as a float64 array
+    assert prob.params.dtype == np.float64 and prob.params.flags.c_contiguous
+    strided = np.array([KA, 0, KE, 0, V, 0])[::2]
+    prob.params = strided  # a strided view: made contiguous (the compiled loops need it)
+    assert prob.params.flags.c_contiguous
+    with pytest.raises(ValueError, match="`params` must have length 3"):
+        prob.params = [1.0, 2.0]
+    with pytest.raises(ValueError, match="`u0` contains NaN"):
+        prob.u0 = [np.nan, 0.0]
+    with pytest.raises(ValueError, match="`tspan` must satisfy t0 < tf"):
+        prob.tspan = (5.0, 1.0)
+    own = np.array([KA, KE, V])
+    shared = ODEProblem(hm.pk(), [0.0, 0.0], (0.0, 24.0), own)
+    assert shared.params is own  # a float64 array is used as it is, not copied
