@@ -66,27 +66,19 @@ def _tanh64(x):
     c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, c12, c13 = _EXP_TAYLOR
     a = abs(x)
     z = x * x
-    y = min(2.0 * a, 40.0)  # tanh(20) rounds to 1 in float64
+    # Not clamped at 40 (where tanh rounds to 1): callers' `1 + tanh(x)` may be
+    # reassociated (fastmath) into 2 / (s + 1) and must stay accurate down to ~1e-308.
+    # From 710 on, 2**n overflows to inf and the result is exactly +-1.
+    y = min(2.0 * a, 710.0)
     n = math.floor(y * _LOG2E + 0.5)
     r = y - n * _LN2_HI
     r = r - n * _LN2_LO
-    e = c13 * r + c12
-    e = e * r + c11
-    e = e * r + c10
-    e = e * r + c9
-    e = e * r + c8
-    e = e * r + c7
-    e = e * r + c6
-    e = e * r + c5
-    e = e * r + c4
-    e = e * r + c3
-    e = e * r + c2
-    e = e * r + c1
-    e = e * r + c0
+    e = c0 + r * (c1 + r * (c2 + r * (c3 + r * (c4 + r * (c5 + r * (c6 + r * (c7 + r * (
+        c8 + r * (c9 + r * (c10 + r * (c11 + r * (c12 + r * c13))))))))))))
     # 2**n from the bits of n: adding 1.5 * 2**52 puts the integer n in the low bits
     # (no float-to-int conversion, which AVX2 cannot vectorise)
     k = float_to_bits(n + _SHIFTER) - _SHIFTER_BITS
-    s = e * bits_to_float((k + 1023) << 52)  # exp(y), 0 <= n <= 58
+    s = e * bits_to_float((k + 1023) << 52)  # exp(y); 0 <= n <= 1024 (inf)
     sg = math.copysign(1.0, x)
     small = a < 0.625
     # every operand computed first: the selects then stay selects (no branches)

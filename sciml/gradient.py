@@ -18,7 +18,7 @@ import adjoints  # attributes read at call time: `adjoints` imports sciml's core
 from ._jit import Threads
 from .data import Data
 from .losses import SSE, Loss
-from .problem import ODEProblem
+from .problem import ODEProblem, float_vector
 from .solution import SolveWarning
 from .solve import _atol_vector, _check_atol, _check_max_steps, _check_rtol
 from .solvers import common
@@ -324,12 +324,8 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
     max_steps = _check_max_steps(max_steps)
     theta = None
     if params is not None:
-        theta = np.asarray(params, dtype=np.float64)
-        if theta.shape != (model.n_params,):
-            raise ValueError(f"loss_and_grad: `params` must have length {model.n_params} "
-                             f"(model.n_params), got shape {theta.shape}")
-        if not np.all(np.isfinite(theta)):
-            raise ValueError("loss_and_grad: `params` contains NaN or Inf")
+        theta = float_vector(params, model.n_params, "loss_and_grad", "params",
+                             f"length {model.n_params} (model.n_params)")
     jobs = []
     for p, d in zip(probs, datas):
         d.columns(p.model)  # a clear error for unknown names, before any solve

@@ -43,7 +43,7 @@ def _nets_fingerprint():
     # naming the nets source in the generated text makes a change there a new module.
     root = Path(_nets.__file__).parent
     h = hashlib.sha256()
-    for name in ("kernels.py", "activations.py", "_config.py"):
+    for name in ("kernels.py", "activations.py", "_config.py", "_bits.py"):
         h.update((root / name).read_bytes())
     return h.hexdigest()[:16]
 

@@ -125,6 +125,17 @@ def dose_arrays(doses, states, tstops=()):
                       i64(ii, oi), f64(ir, oi), stops)
 
 
+def float_vector(value, n, where, name, expected):
+    """``value`` as a finite, C-contiguous float64 (n,) array (the same object when it
+    already is one); otherwise a ValueError naming ``where``, ``name`` and ``expected``."""
+    a = np.ascontiguousarray(value, dtype=np.float64)
+    if a.shape != (n,):
+        raise ValueError(f"{where}: `{name}` must have {expected}; got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{where}: `{name}` contains NaN or Inf")
+    return a
+
+
 class ODEProblem:
     """An initial value problem for a compiled model.
 
@@ -151,19 +162,11 @@ class ODEProblem:
         # follow `doses` and `tstops`.
         model = self.model
         if name == "u0":
-            value = np.ascontiguousarray(value, dtype=np.float64)
-            if value.shape != (model.n_states,):
-                raise ValueError(f"ODEProblem: `u0` must have shape ({model.n_states},) for "
-                                 f"states {', '.join(model.states)}; got {value.shape}")
-            if not np.all(np.isfinite(value)):
-                raise ValueError("ODEProblem: `u0` contains NaN or Inf")
+            value = float_vector(value, model.n_states, "ODEProblem", "u0", f"shape "
+                                 f"({model.n_states},) for states {', '.join(model.states)}")
         elif name == "params":
-            value = np.ascontiguousarray(value, dtype=np.float64)
-            if value.shape != (model.n_params,):
-                raise ValueError(f"ODEProblem: `params` must have length {model.n_params} "
-                                 f"(model.n_params), got shape {value.shape}")
-            if not np.all(np.isfinite(value)):
-                raise ValueError("ODEProblem: `params` contains NaN or Inf")
+            value = float_vector(value, model.n_params, "ODEProblem", "params",
+                                 f"length {model.n_params} (model.n_params)")
         elif name == "tspan":
             try:
                 t0, tf = (float(v) for v in value)
