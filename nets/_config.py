@@ -9,6 +9,10 @@ non-finite checks still work inside kernels.
 import numba
 import numpy as np
 
+from ._cache import install as _install_cache_locators
+
+_install_cache_locators()  # before any kernel is defined (see `nets._cache`)
+
 FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
 
 OPTIONS = dict(cache=True, nogil=True, error_model="numpy", fastmath=FASTMATH)

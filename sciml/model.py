@@ -25,11 +25,12 @@ from pathlib import Path
 import numba
 import numpy as np
 
-import nets as _nets
 from nets import Chain
+from nets import _cache as nets_cache
 from nets import kernels as _nk
 from nets import registry as _registry
 
+from . import _jit as _jit_module
 from . import _kernelgen as kg
 from ._codegen import build_module, template_source
 from ._trace import ModelError, check_names, trace_model, trace_observable
@@ -39,12 +40,11 @@ __all__ = ["Model", "NeuralODE", "ModelError", "ParamViews"]
 
 @functools.lru_cache(maxsize=1)
 def _nets_fingerprint():
-    # Generated kernels link the nets kernels into their cached machine code;
-    # naming the nets source in the generated text makes a change there a new module.
-    root = Path(_nets.__file__).parent
-    h = hashlib.sha256()
-    for name in ("kernels.py", "activations.py", "_config.py", "_bits.py"):
-        h.update((root / name).read_bytes())
+    # Generated kernels link the nets kernels (and sciml._jit's intrinsics) into their
+    # cached machine code; naming those sources in the generated text makes a change
+    # there a new module.
+    h = hashlib.sha256(nets_cache.fingerprint().encode())
+    h.update(Path(_jit_module.__file__).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -60,3 +60,53 @@ print(json.dumps({n: [sum(getattr(kernels, n).stats.cache_hits.values()),
         assert misses == 0, f"{name} was compiled, not loaded from the cache: {stats}"
         assert hits >= 1, f"{name} was not loaded from the cache: {stats}"
 
+
+
+def test_nets_kernels_are_stamped_with_all_nets_sources():
+    from nets import _cache, kernels
+
+    locator = kernels.forward._cache._impl._locator
+    assert isinstance(locator, _cache._OwnSources)
+    assert locator.get_source_stamp()[1] == _cache.fingerprint()
+    # files elsewhere keep numba's own locators
+    assert all(c.from_function(run_python, __file__) is None
+               for c in numba.core.caching.CacheImpl._locator_classes
+               if issubclass(c, _cache._OwnSources))
+
+
+STALE_WORK = """
+import json, numpy as np
+from nets import activations
+buf = np.linspace(-2, 2, 16)
+activations.activate_row(1, buf, 0, 8, 8, True)
+d = activations.activate_row
+print(json.dumps([sum(d.stats.cache_hits.values()), sum(d.stats.cache_misses.values())]))
+"""
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+def test_an_edit_to_an_inlined_nets_source_recompiles(tmp_path):
+    # numba alone stamps a cached function with its own file: an edit to _bits.py (inlined
+    # into activations.py's kernels) would load stale machine code. A copy of nets, its
+    # own cache folder, three fresh processes.
+    import shutil
+
+    import nets
+
+    pkg = tmp_path / "src" / "nets"
+    shutil.copytree(Path(nets.__file__).parent, pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "src"),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", STALE_WORK], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert run() == [0, 1]  # compiled
+    assert run() == [1, 0]  # loaded
+    with open(pkg / "_bits.py", "a") as f:
+        f.write("\n# an edit\n")
+    assert run() == [0, 1]  # compiled again, not the stale copy
