@@ -250,3 +250,20 @@ def test_ensemble_allocations_do_not_grow_with_steps(nrt_stats, monkeypatch, rng
     # the parallel launch allocates a fixed amount; the loops nothing
     assert counts[0] == counts[1]
     assert counts[0][1] == 0
+
+
+@needs_jit
+@pytest.mark.parametrize("cls", [Tsit5, Vern7], ids=lambda c: c.__name__)
+def test_lean_loop_allocations_do_not_grow_with_steps(cls, nrt_stats):
+    # `sciml.solve`'s lean path: one compiled call that allocates its scratch buffers once,
+    # whatever the number of steps and save times
+    counts = []
+    for tf, ns in ((5.0, 10), (40.0, 200)):
+        prob = lv_prob(tspan=(0.0, tf))
+        _, loop, tab, n, extra, _ = cls()._lean(prob.model)
+        t = np.linspace(0.0, tf, ns)
+        args = (tab, prob.u0, prob.params, t, np.empty((ns, n)), np.empty(ns + extra), 1e-6,
+                0.0, tf, 1e-6, 0.0, 100_000)
+        assert loop(*args) == 0
+        counts.append(allocations_in(loop, args))
+    assert counts[0] == counts[1] and counts[0][0] <= 3
