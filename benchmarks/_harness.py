@@ -468,6 +468,34 @@ class Work:
             self.fn()
 
 
+def sciml_grad_works(methods, sciml, prob, data, params, rtol, atol, target_s):
+    """One `GradWork` per ``(row name, adjoints class name, keywords)`` in ``methods``:
+    ``sciml.loss_and_grad`` of ``prob`` against ``data`` (SSE, Tsit5, both built once, as
+    the peers' are) with that sensitivity algorithm; a row with the reason instead where
+    the algorithm cannot be made."""
+    adjoints, aerr = optional_import("adjoints")
+    out = []
+    for name, cls, kw in methods:
+        if aerr is not None or not hasattr(adjoints, cls):
+            why = f"adjoints: {aerr}" if aerr else f"adjoints.{cls} not available"
+            print(f"[{name}] skipped: {why}", file=sys.stderr)
+            out.append(Impl(name, error=why))
+            continue
+        try:
+            alg = getattr(adjoints, cls)(**kw)
+        except Exception as e:  # e.g. a keyword not supported
+            out.append(Impl(name, error=error_text(e)))
+            continue
+        loss, solver = sciml.SSE(), sciml.Tsit5()
+
+        def fn(alg=alg, loss=loss, solver=solver):
+            return sciml.loss_and_grad(prob, data, loss=loss, solver=solver, sensealg=alg,
+                                       rtol=rtol, atol=atol, params=params)
+
+        out.append(GradWork(name, fn, target_s))
+    return out
+
+
 class GradWork(Work):
     """`Work` for ``fn() -> (loss, grad)``: the first call's result is kept in ``result``."""
 

@@ -192,7 +192,7 @@ def main(argv=None):
             def warm(fn=fn, label=label, quality=quality, ref=ref):
                 quality[label] = {"max_abs_err": float(np.max(np.abs(fn() - ref)))}
 
-            # rounds of ~50 ms each (calibrated on one call), whatever a solve costs
+            # rounds of ~50 ms each (calls per round calibrated on warm calls)
             target_s = 0.01 if args.quick else 0.05
             entries.append(H.Work(label, fn, target_s, max_units=100_000, warmup=warm).impl)
         H.time_alternating(entries, repeats=3 if args.quick else 7)

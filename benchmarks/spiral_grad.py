@@ -31,7 +31,6 @@ Run as ``python -m benchmarks.spiral_grad [--quick] [--json PATH] [--threads N]`
 from __future__ import annotations
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -97,31 +96,7 @@ def our_impls(p0, y_true, target_s):
         note = check_model(sciml, model, theta, prob, p0)
     except Exception as e:  # the whole of ours broken: show it in every row, run the peers
         return [H.Impl(n, error=H.error_text(e)) for n in names], None
-    adjoints, aerr = H.optional_import("adjoints")
-    out = []
-    for name, cls, kw in OUR_METHODS:
-        if aerr is not None:
-            out.append(H.Impl(name, error=f"adjoints: {aerr}"))
-            continue
-        if not hasattr(adjoints, cls):
-            why = f"adjoints.{cls} not available yet"
-            print(f"[{name}] skipped: {why}", file=sys.stderr)
-            out.append(H.Impl(name, error=why))
-            continue
-        try:
-            alg = getattr(adjoints, cls)(**kw)
-        except Exception as e:  # e.g. a keyword not supported yet
-            out.append(H.Impl(name, error=H.error_text(e)))
-            continue
-
-        loss, solver = sciml.SSE(), sciml.Tsit5()  # built once, as the peers' are
-
-        def fn(alg=alg, loss=loss, solver=solver):
-            return sciml.loss_and_grad(prob, data, loss=loss, solver=solver, sensealg=alg,
-                                       rtol=RTOL, atol=ATOL, params=p0)
-
-        out.append(H.GradWork(name, fn, target_s))
-    return out, note
+    return H.sciml_grad_works(OUR_METHODS, sciml, prob, data, p0, RTOL, ATOL, target_s), note
 
 
 def check_model(sciml, model, theta, prob, p0) -> str:

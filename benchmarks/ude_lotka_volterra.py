@@ -214,27 +214,7 @@ def our_grad_impls(ours, target_s):
     if isinstance(ours, str):
         return [H.Impl(n, error=ours) for n in names]
     sciml, _, _, _, prob, d, theta, _ = ours
-    adjoints, aerr = H.optional_import("adjoints")  # lazily: it lands with the lead's work
-    out = []
-    for name, cls, kw in OUR_METHODS:
-        if aerr is not None or not hasattr(adjoints, cls):
-            why = f"adjoints: {aerr}" if aerr else f"adjoints.{cls} not available yet"
-            out.append(H.Impl(name, error=why))
-            continue
-        try:
-            alg = getattr(adjoints, cls)(**kw)
-        except Exception as e:  # e.g. a keyword not supported yet
-            out.append(H.Impl(name, error=H.error_text(e)))
-            continue
-
-        loss, solver = sciml.SSE(), sciml.Tsit5()  # built once, as the peers' are
-
-        def fn(alg=alg, loss=loss, solver=solver):
-            return sciml.loss_and_grad(prob, d, loss=loss, solver=solver, sensealg=alg,
-                                       rtol=RTOL, atol=ATOL, params=theta)
-
-        out.append(H.GradWork(name, fn, target_s))
-    return out
+    return H.sciml_grad_works(OUR_METHODS, sciml, prob, d, theta, RTOL, ATOL, target_s)
 
 
 DECAY = 0.005  # the example's weight decay on U's hidden-layer weights at 5 % noise

@@ -125,6 +125,21 @@ def trajectory(model, theta, t):
     return np.exp(np.stack([obs["log_hare"], obs["log_lynx"]], axis=1))
 
 
+def plot_fits(fit_c, fit_u, t, title, png, held_out=False):
+    """Data and the two fitted trajectories (pelts), hares and lynx side by side."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained", sharey=True)
+    for j, (ax, name) in enumerate(zip(axes, ("hare", "lynx"))):
+        if held_out:
+            ax.axvspan(1915.5, 1920.5, color="0.92", label="held out")
+        ax.plot(YEARS, 10 * POP[:, j], "ko", ms=4, label="data")
+        ax.plot(1900 + t, 10 * fit_c[:, j], "C0", lw=1.6, label="classic LV")
+        ax.plot(1900 + t, 10 * fit_u[:, j], "C3", lw=1.6, label="UDE")
+        ax.set(xlabel="year", title=f"{name}: {title}")
+    axes[0].set_ylabel("thousands of pelts")
+    axes[0].legend(fontsize=8)
+    fig.savefig(OUT / png, dpi=110)
+
+
 def interactions(theta, HL):
     """The network's per-capita interaction rates (U1, U2) at populations HL (N, 2)."""
     return chain(np.log(HL / REF), theta[U_SLICE])
@@ -197,15 +212,7 @@ print(f"  AIC (lower is better): classic {aic(res_c.loss, classic.n_params):.1f}
 # %%
 t_fine = np.linspace(*TSPAN, 400)
 fit_c, fit_u = trajectory(classic, th_c, t_fine), trajectory(ude, th_u, t_fine)
-fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained", sharey=True)
-for j, (ax, name) in enumerate(zip(axes, ("hare", "lynx"))):
-    ax.plot(YEARS, 10 * POP[:, j], "ko", ms=4, label="data")
-    ax.plot(1900 + t_fine, 10 * fit_c[:, j], "C0", lw=1.6, label="classic LV")
-    ax.plot(1900 + t_fine, 10 * fit_u[:, j], "C3", lw=1.6, label="UDE")
-    ax.set(xlabel="year", title=f"{name}: fitted to all 21 years")
-axes[0].set_ylabel("thousands of pelts")
-axes[0].legend(fontsize=8)
-fig.savefig(OUT / "lynx_hare_ude.png", dpi=110)
+plot_fits(fit_c, fit_u, t_fine, "fitted to all 21 years", "lynx_hare_ude.png")
 
 # %% [markdown]
 # ## What the network learned
@@ -271,16 +278,7 @@ for name, r, pred in (("classic", res_c16, pred_c), ("UDE", res_u16, pred_u)):
 print(f"({time.perf_counter() - t0:.1f} s)")
 
 fc, fu = trajectory(classic, res_c16.params, t_fine), trajectory(ude, res_u16.params, t_fine)
-fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), layout="constrained", sharey=True)
-for j, (ax, name) in enumerate(zip(axes, ("hare", "lynx"))):
-    ax.axvspan(1915.5, 1920.5, color="0.92", label="held out")
-    ax.plot(YEARS, 10 * POP[:, j], "ko", ms=4, label="data")
-    ax.plot(1900 + t_fine, 10 * fc[:, j], "C0", lw=1.6, label="classic LV")
-    ax.plot(1900 + t_fine, 10 * fu[:, j], "C3", lw=1.6, label="UDE")
-    ax.set(xlabel="year", title=f"{name}: fitted to 1900-1915")
-axes[0].set_ylabel("thousands of pelts")
-axes[0].legend(fontsize=8)
-fig.savefig(OUT / "lynx_hare_ude_heldout.png", dpi=110)
+plot_fits(fc, fu, t_fine, "fitted to 1900-1915", "lynx_hare_ude_heldout.png", held_out=True)
 print(f"\ntotal time: {time.perf_counter() - T_START:.1f} s")
 
 # %% [markdown]

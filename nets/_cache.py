@@ -1,6 +1,6 @@
 """numba's disk cache for nets' own kernels, stamped with all of nets' compiled sources.
 
-numba stamps a cached function with its own file's time and size only. The kernels
+numba stamps a cached function with its own source file only. The kernels
 in `kernels.py` inline code from `activations.py`, `_bits.py` and `_config.py`, so an
 edit there alone would load stale machine code from the cache (a clean install is
 fine: every file is new). The locators here are tried before numba's own, claim only

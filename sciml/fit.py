@@ -27,7 +27,7 @@ import numpy as np
 from nets import LBFGS
 
 from .data import Data
-from .problem import ODEProblem
+from .problem import ODEProblem, float_vector, problem_list
 
 __all__ = ["fit", "FitResult", "FitWarning", "LBFGS"]
 
@@ -205,14 +205,7 @@ def _as_list(x, name):
 
 
 def _check_problems(prob_or_list, data_or_list):
-    many = isinstance(prob_or_list, (list, tuple))
-    probs = list(prob_or_list) if many else [prob_or_list]
-    if many and not probs:
-        raise ValueError("fit: `prob_or_list` is an empty list: nothing to fit")
-    for i, p in enumerate(probs):
-        if not isinstance(p, ODEProblem):
-            where = f"`prob_or_list[{i}]`" if many else "`prob_or_list`"
-            raise TypeError(f"fit: {where} must be a sciml.ODEProblem, got {type(p).__name__}")
+    probs, many = problem_list(prob_or_list, "fit: ", "prob_or_list", ": nothing to fit")
     n = probs[0].model.n_params
     for i, p in enumerate(probs[1:], 1):
         if p.model.n_params != n:
@@ -289,12 +282,7 @@ def _check_params(params, probs):
     except (TypeError, ValueError):
         raise TypeError(f"fit: `params` must be a flat array of numbers, got "
                         f"{type(params).__name__}") from None
-    if theta.shape != (n,):
-        raise ValueError(f"fit: `params` must have shape ({n},) (model.n_params), got "
-                         f"{theta.shape}")
-    if not np.all(np.isfinite(theta)):
-        raise ValueError("fit: `params` contains NaN or Inf")
-    return theta
+    return float_vector(theta, n, "fit", "params", f"shape ({n},) (model.n_params)")
 
 
 # ----------------------------------------------------------------------------- objective

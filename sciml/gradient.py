@@ -18,7 +18,7 @@ import adjoints  # attributes read at call time: `adjoints` imports sciml's core
 from ._jit import Threads
 from .data import Data
 from .losses import SSE, Loss
-from .problem import ODEProblem, float_vector
+from .problem import ODEProblem, float_vector, problem_list
 from .solution import SolveWarning
 from .solve import _atol_vector, _check_atol, _check_max_steps, _check_rtol
 from .solvers import common
@@ -279,19 +279,13 @@ def _gauss_nodes(m):
 
 def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt,
              need_adaptive=True):
-    many = isinstance(prob, (list, tuple))
-    probs = list(prob) if many else [prob]
+    probs, many = problem_list(prob, "loss_and_grad: ")
     datas = list(data) if isinstance(data, (list, tuple)) else [data]
-    if not probs:
-        raise ValueError("loss_and_grad: `prob` is an empty list")
     if len(datas) != len(probs):
         raise ValueError(f"loss_and_grad: {len(probs)} problem(s) but {len(datas)} Data: give "
                          "one Data per problem")
     for i, (p, d) in enumerate(zip(probs, datas)):
         where = f"[{i}]" if many else ""
-        if not isinstance(p, ODEProblem):
-            raise TypeError(f"loss_and_grad: `prob{where}` must be a sciml.ODEProblem, got "
-                            f"{type(p).__name__}")
         if not isinstance(d, Data):
             raise TypeError(f"loss_and_grad: `data{where}` must be a sciml.Data, got "
                             f"{type(d).__name__}")

@@ -97,7 +97,7 @@ from . import losses as _losses
 from ._trace import T as _T
 from .data import Data
 from .model import Model
-from .problem import ODEProblem
+from .problem import problem_list
 from .solution import SolveWarning
 from .solve import _saveat_times
 from .solvers.common import schedule
@@ -407,19 +407,6 @@ def _stack_arrays(items):
     return {k: np.stack([it[k] for it in items]) for k in items[0]}
 
 
-def _check_problems(prob, what="prob"):
-    many = isinstance(prob, (list, tuple))
-    probs = list(prob) if many else [prob]
-    if many and not probs:
-        raise ValueError(f"sciml.jax: `{what}` is an empty list")
-    for i, p in enumerate(probs):
-        if not isinstance(p, ODEProblem):
-            where = f"`{what}[{i}]`" if many else f"`{what}`"
-            raise TypeError(f"sciml.jax: {where} must be a sciml.ODEProblem, got "
-                            f"{type(p).__name__}")
-    return probs, many
-
-
 def _groups(keys):
     """Indices grouped by equal key, in first-appearance order."""
     out = {}
@@ -505,7 +492,7 @@ def solve(prob, solver="Tsit5", *, rtol=1e-6, atol=1e-6, saveat=None, max_steps=
         ``.t``, ``.u`` (T, n), ``.observables``; a solve that fails warns
         (`sciml.SolveWarning`) and has ``success`` False.
     """
-    probs, many = _check_problems(prob)
+    probs, many = problem_list(prob, "sciml.jax: ")
     dsolver = _solver(solver)
     max_steps = _max_steps(max_steps)
     sols = [None] * len(probs)
@@ -724,7 +711,7 @@ def loss_and_grad(prob, data, loss=None, solver="Tsit5", adjoint="recursive_chec
     ``(inf, nan...)`` is returned, as `sciml.loss_and_grad` does: optimizers
     treat it as a failed step (with `per_problem`, for the failed problems).
     """
-    probs, many = _check_problems(prob)
+    probs, many = problem_list(prob, "sciml.jax: ")
     datas = _check_data(data, probs, many)
     loss = _losses.SSE() if loss is None else loss
     if not isinstance(loss, _losses.Loss):

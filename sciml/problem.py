@@ -136,6 +136,20 @@ def float_vector(value, n, where, name, expected):
     return a
 
 
+def problem_list(prob, who, arg="prob", empty=""):
+    """``(probs, many)`` from one `ODEProblem` or a list of them (``many``: a list was given);
+    an empty list or a non-problem is a clear error from ``who`` naming ``arg``."""
+    many = isinstance(prob, (list, tuple))
+    probs = list(prob) if many else [prob]
+    if many and not probs:
+        raise ValueError(f"{who}`{arg}` is an empty list{empty}")
+    for i, p in enumerate(probs):
+        if not isinstance(p, ODEProblem):
+            where = f"`{arg}[{i}]`" if many else f"`{arg}`"
+            raise TypeError(f"{who}{where} must be a sciml.ODEProblem, got {type(p).__name__}")
+    return probs, many
+
+
 class ODEProblem:
     """An initial value problem for a compiled model.
 

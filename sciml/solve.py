@@ -14,7 +14,7 @@ import numba
 import numpy as np
 
 from ._jit import Threads
-from .problem import ODEProblem
+from .problem import ODEProblem, problem_list
 from .solution import Solution, SolveWarning, lean_solution
 from .solvers.base import STATUS_TEXT, SUCCESS, Solver
 from .solvers.erk import ExplicitRK, Tsit5
@@ -107,14 +107,7 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
     cells, which cost the lean path ~0.2 us a call.)
     """
     solver = _check_solver(solver)
-    many = isinstance(prob, (list, tuple))
-    probs = list(prob) if many else [prob]
-    if many and not probs:
-        raise ValueError("`prob` is an empty list: nothing to solve")
-    for i, p in enumerate(probs):
-        if not isinstance(p, ODEProblem):
-            where = f"`prob[{i}]`" if many else "`prob`"
-            raise TypeError(f"{where} must be a sciml.ODEProblem, got {type(p).__name__}")
+    probs, many = problem_list(prob, "", empty=": nothing to solve")
     rtol = _check_rtol(rtol)
     atols = [_check_atol(atol, p.model.n_states) for p in probs]
     dt = _check_dt(solver, dt)
@@ -139,7 +132,6 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
     for i, sol in enumerate(sols):
         _warn_if_failed(sol, i, 4)
     return sols
-
 
 
 _F64 = np.dtype(np.float64)

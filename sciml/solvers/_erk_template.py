@@ -405,7 +405,7 @@ def erk_solve_saveat(tab, u0, p, save_t, out_u, keep, atol, t0, tf, rtol, dt, ma
     none_i = ibuf[:0]
     stats = ibuf[:4]
     d_k = K[:0].reshape((0, s_all, n))
-    d_have = borrow(np.zeros(0, dtype=np.int8))  # empty: never read
+    d_have = np.zeros(0, dtype=np.int8)  # empty: no step is stored
     status, t_end = erk_solve(A, b, e, c, P, int(tab[2]), int(tab[3]), tab[4] != 0.0,
                               int(tab[5]), u0, p, ws, stops, seg_rate, none_i, none_i, none_f,
                               False, save_t, none_f, out_u, rtol, atol_v, dt, max_steps,
