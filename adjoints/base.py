@@ -5,12 +5,14 @@ A method is used in two halves so that the loss sits between them:
 the observation times (``state.u``); the caller evaluates its loss there and
 turns dL/du at each observation into the rows of ``G``; then
 ``method.backward(job, state, G)`` returns the gradient of the loss with
-respect to the flat parameters (and, where the method gives it, to u0).
+respect to the flat parameters and dL/du0 (None when the method has already
+carried initial values that depend on the parameters through itself).
+
+Every method runs with every solver, explicit or Rosenbrock; ``needs`` names
+the model kernels it calls beyond the solver's own.
 """
 
 import numpy as np
-
-from sciml.solvers.erk import ExplicitRK
 
 from ._forward import SolveFailed
 
@@ -29,29 +31,34 @@ class SensitivityAlgorithm:
     """Base of the methods. ``rtol``/``atol``: tolerances of the sensitivity solve
     (default: the forward solve's)."""
 
-    #: solvers the method runs with (checked before any work)
-    solvers = (ExplicitRK,)
-
     def __init__(self, rtol=None, atol=None):
         cls = type(self).__name__
         self.rtol = _tol(cls, "rtol", rtol)
         self.atol = _tol(cls, "atol", atol)
 
+    def needs(self, solver):
+        """Model kernels the method calls with ``solver``, beyond the solver's own."""
+        return ("vjp",)
+
     def check_solver(self, solver):
-        if not isinstance(solver, self.solvers):
-            names = ", ".join(c.__name__ for c in self.solvers)
-            raise ValueError(f"{type(self).__name__} does not run with {solver.name}: it needs "
-                             f"one of {names} (explicit Runge-Kutta: Tsit5, DP5, BS3, Vern7, "
-                             "RK4, Euler). For a stiff problem with Rodas5 use "
-                             "adjoints.GaussAdjoint(), whose backward solve is stiff too")
         if not solver.adaptive and type(self).__name__ != "DiscreteAdjoint":
             raise ValueError(f"{type(self).__name__} needs an adaptive solver; with a "
                              f"fixed-step {solver.name} use DiscreteAdjoint()")
 
-    def _tols(self, job):
+    def check_model(self, model, solver):
+        """A clear error when the model lacks a kernel the method needs."""
+        for k in self.needs(solver):
+            if not model.has_kernel(k):
+                raise ValueError(f"{type(self).__name__} with {solver.name} needs the model's "
+                                 f"`{k}` kernel, which {model!r} does not have (a model from "
+                                 "hand-written kernels has no second derivatives: use "
+                                 "adjoints.GaussAdjoint() or InterpolatingAdjoint())")
+
+    def _tols(self, job, n_err):
+        """(rtol, atol (n_err,)) of the sensitivity solve."""
         rtol = self.rtol if self.rtol is not None else job.rtol
         atol = self.atol if self.atol is not None else float(np.min(job.atol))
-        return rtol, atol
+        return rtol, np.full(n_err, atol)
 
     def forward(self, job):
         raise NotImplementedError

@@ -9,69 +9,74 @@ dL/dp = integral over [t0, tf] of lambda^T df/dp dt, and dL/du0 = lambda(t0).
 Gowda, Rackauckas et al., "A comparison of automatic differentiation and
 continuous sensitivity analysis for derivatives of differential equation
 solutions", IEEE HPEC 2021.) The methods differ in where u(t) comes from and
-how the integral is taken; all run in `adj_solve` of the model's module.
+how the integral is taken; each is a system of `adjoints.kernels.systems`
+integrated backward by the solver's own loop (explicit or Rosenbrock: with
+`Rodas5` the backward solve is stiff too, with its exact Jacobian).
 """
+
+from dataclasses import replace
 
 import numpy as np
 
 from sciml.solvers.base import STATUS_TEXT
-from sciml.solvers.erk import ExplicitRK
-from sciml.solvers.rosenbrock import Rodas5
+from sciml.solvers.common import Schedule
+from sciml.solvers.kernels.structs import lin, record
 
-from ._forward import SolveFailed, forward, forward_problem, rodas_forward
+from ._forward import SolveFailed, forward
 from .base import SensitivityAlgorithm, _tol
-
-# kinds of `adj_solve` (see sciml/solvers/_adj_template.py)
-INTERP, BACKSOLVE, GAUSS, QUAD = 0, 1, 2, 3
+from .kernels.backward import backward_schedule
+from .kernels.systems import ROWS, Adjoint, Backsolve, Gauss, Interp, Quad
 
 __all__ = ["InterpolatingAdjoint", "BacksolveAdjoint", "GaussAdjoint", "QuadratureAdjoint"]
 
+#: the backward step budget, beyond the forward's: steps per forward step and per stop
+BUDGET_PER_STEP, BUDGET_PER_STOP = 50, 200
 
-def _breaks(job):
-    """Observation times and dose stops, sorted and unique (checkpoints)."""
-    return np.unique(np.concatenate([job.obs_t, job.sched.stops]))
+_NODES = {}  # Gauss-Legendre rules on [0, 1] by number of nodes
 
 
-def _run(job, kind, method, d, stops, seg_rate, bolus_k, bolus_i, bolus_a, obs_t, G, z, pbar,
-         n_err, anchor=None, h0=0.0, qx=None, qw=None, quad_tol=None):
-    """Call `adj_solve` with buffers sized for ``kind``; raises SolveFailed on a bad status."""
-    n, npar = job.n, job.n_params
-    A, b, e, c, P, n_step, end_stage = job.tableau()
-    rtol, atol = method._tols(job)
-    s = job.solver
-    nz = z.shape[0]
-    stats = np.zeros(3, dtype=np.int64)
-    no2 = np.zeros((0, n))
-    qx = np.zeros(0) if qx is None else qx
-    qw = np.zeros(0) if qw is None else qw
-    status = job.mod.adj_solve(
-        kind, A, b, e, c, P, n_step, end_stage,
-        d.d_t, d.d_u, d.d_k, d.d_have, d.d_seg, d.n_steps,
-        stops, seg_rate, bolus_k, bolus_i, bolus_a,
-        obs_t, G, no2 if anchor is None else anchor, anchor is not None, np.zeros((0, nz)),
-        job.p, job.ws, z, pbar,
-        rtol, atol, h0, job.max_steps, s.safety, s.qmin, s.qmax, s.beta1, s.beta2,
-        n_err, qx, qw, rtol if quad_tol is None else quad_tol,
-        np.zeros((P.shape[0], nz)), np.zeros((3, nz)), np.zeros((4, n)), np.zeros(npar),
-        np.zeros((1, 1)), np.zeros((1, 1)), np.zeros((3, npar)), np.zeros((16, 3)), stats)
+def _adjoint(job, state, G, stops=None, obs_t=None):
+    """``(systems.Adjoint, backward stops)`` over the job's schedule (or ``stops``)."""
+    stops_b, jump, fseg = backward_schedule(job.sched.stops if stops is None else stops,
+                                            job.obs_t if obs_t is None else obs_t)
+    n = job.n
+    width = max(n, state.tab.c.shape[0]) + 1
+    a = Adjoint(state.sys.m, state.sys, state.tab, state.rec, state.n_steps, fseg, jump,
+                np.ascontiguousarray(G), np.zeros((ROWS, width)), np.zeros(job.n_params),
+                np.zeros(1, dtype=np.int64), lin(n) if job.stiff else state.sys.lin,
+                np.zeros(3))
+    return a, stops_b
+
+
+def _last_step(state):
+    n = state.n_steps
+    return float(state.rec.d_t[n] - state.rec.d_t[n - 1]) if n > 0 else 0.0
+
+
+def integrate_backward(job, method, sys, stops_b, z, n_err, h0=0.0, n_forward=0):
+    """Integrate a backward system with the job's solver; raises SolveFailed on failure."""
+    rtol, atol = method._tols(job, n_err)
+    budget = job.max_steps + BUDGET_PER_STEP * n_forward + BUDGET_PER_STOP * stops_b.shape[0]
+    ctl = job.solver.control(rtol, atol, h0 or None, budget)
+    rec = record(z.shape[0])
+    status, _ = job.solver._loop()(sys, job.solver.engine_tableau(), ctl, stops_b, z, rec)
     if status != 0:
         raise SolveFailed(f"{type(method).__name__}: the backward solve failed: "
                           f"{STATUS_TEXT.get(int(status), status)}")
-    return stats
+    return rec
 
 
-def _last_step(d):
-    return float(d.d_t[d.n_steps] - d.d_t[d.n_steps - 1]) if d.n_steps > 0 else 0.0
-
-
-class _DenseForward(SensitivityAlgorithm):
+class _Stored(SensitivityAlgorithm):
     """Shared forward pass: the solve at the observation times with its steps stored."""
 
+    def needs(self, solver):
+        return ("vjp", "jac") if solver.stiff else ("vjp",)
+
     def forward(self, job):
-        return forward_problem(job, job.obs_t, dense=True).check()
+        return forward(job, dense=True, needs=self.needs(job.solver)).check()
 
 
-class InterpolatingAdjoint(_DenseForward):
+class InterpolatingAdjoint(_Stored):
     """Backward [lambda, mu] with u(t) from the forward solve's dense output.
 
     The robust default of SciMLSensitivity (InterpolatingAdjoint): u is never
@@ -105,39 +110,36 @@ class InterpolatingAdjoint(_DenseForward):
     def forward(self, job):
         if not self.checkpointing:
             return super().forward(job)
-        br = _breaks(job)
-        fw = forward_problem(job, br, dense=False).check()
-        fw.breaks = br
-        fw.u_breaks = fw.u
-        fw.u = fw.u[np.searchsorted(br, job.obs_t)]
-        return fw
+        br = np.unique(np.concatenate([job.obs_t, job.sched.stops]))
+        st = forward(replace(job, obs_t=br), dense=False, needs=self.needs(job.solver)).check()
+        st.breaks, st.u_breaks = br, st.u
+        st.u = st.u[np.searchsorted(br, job.obs_t)]
+        return st
 
     def backward(self, job, state, G):
         n, npar = job.n, job.n_params
         z = np.zeros(n + npar)
-        pbar = np.zeros(npar)
         n_err = n + npar if self.error_on_params else n
-        s = job.sched
         if not self.checkpointing:
-            _run(job, INTERP, self, state, s.stops, s.seg_rate, s.bolus_k, s.bolus_i, s.bolus_a,
-                 job.obs_t, G, z, pbar, n_err, h0=_last_step(state))
-        else:
-            br, ub = state.breaks, state.u_breaks
-            no_i, no_f = np.zeros(0, dtype=np.int64), np.zeros(0)
-            h0 = 0.0
-            for i in range(br.shape[0] - 2, -1, -1):
-                lo, hi = br[i], br[i + 1]
-                stops = np.array([lo, hi])
-                k = min(int(np.searchsorted(s.stops, lo, side="right")) - 1,
-                        s.seg_rate.shape[0] - 1)
-                rate = s.seg_rate[k:k + 1]
-                d = forward(job, ub[i], stops, rate, no_i, no_i, no_f, no_f, dense=True).check()
-                sel = (job.obs_t > lo) & (job.obs_t <= hi) if i > 0 else \
-                    (job.obs_t >= lo) & (job.obs_t <= hi)
-                _run(job, INTERP, self, d, stops, rate, no_i, no_i, no_f, job.obs_t[sel],
-                     np.ascontiguousarray(G[sel]), z, pbar, n_err, h0=h0 or _last_step(d))
-        pbar += z[n:]
-        return pbar, z[:n].copy()
+            a, stops_b = _adjoint(job, state, G)
+            integrate_backward(job, self, Interp(a), stops_b, z, n_err, _last_step(state),
+                               state.n_steps)
+            return z[n:].copy(), z[:n].copy()
+        # one interval at a time, last first: re-solve it forward with its steps, then back
+        br, ub = state.breaks, state.u_breaks
+        s = job.sched
+        for i in range(br.shape[0] - 2, -1, -1):
+            lo, hi = br[i], br[i + 1]
+            k = min(int(np.searchsorted(s.stops, lo, side="right")) - 1,
+                    s.seg_rate.shape[0] - 1)
+            sel = (job.obs_t > lo) & (job.obs_t <= hi) if i > 0 else \
+                (job.obs_t >= lo) & (job.obs_t <= hi)
+            sub = _interval(job, lo, hi, ub[i], s.seg_rate[k:k + 1], job.obs_t[sel])
+            st = forward(sub, dense=True, needs=self.needs(job.solver)).check()
+            a, stops_b = _adjoint(sub, st, G[sel])
+            integrate_backward(sub, self, Interp(a), stops_b, z, n_err, _last_step(st),
+                               st.n_steps)
+        return z[n:].copy(), z[:n].copy()
 
 
 class BacksolveAdjoint(SensitivityAlgorithm):
@@ -147,7 +149,9 @@ class BacksolveAdjoint(SensitivityAlgorithm):
     number of steps, but u(t) solved in reverse time drifts from the forward
     trajectory, badly so when the dynamics are stable forward (unstable
     backward). Checkpointing re-anchors u to the forward states at the
-    observation times, which fixes most of that.
+    observation times, which fixes most of that. With `Rodas5` the backward
+    solve uses the exact Jacobian of [u, lambda, mu], second derivatives
+    included (the model's ``hvp`` kernel).
 
     Parameters
     ----------
@@ -164,28 +168,32 @@ class BacksolveAdjoint(SensitivityAlgorithm):
     def __repr__(self):
         return f"BacksolveAdjoint(checkpointing={self.checkpointing})"
 
+    def needs(self, solver):
+        return ("vjp", "jac", "hvp") if solver.stiff else ("vjp",)
+
     def forward(self, job):
-        tf = job.sched.stops[-1]
-        save = job.obs_t if job.obs_t[-1] == tf else np.append(job.obs_t, tf)
-        fw = forward_problem(job, save, dense=False).check()
-        fw.u_end = fw.u[-1].copy()
-        fw.u = fw.u[:job.obs_t.shape[0]]
-        return fw
+        return forward(job, dense=False, needs=self.needs(job.solver)).check()
 
     def backward(self, job, state, G):
         n, npar = job.n, job.n_params
-        z = np.zeros(2 * n + npar)
-        z[:n] = state.u_end
-        pbar = np.zeros(npar)
+        a, stops_b = _adjoint(job, state, G)
+        # the boluses of each backward stop, to be taken back out of the backward u
         s = job.sched
-        _run(job, BACKSOLVE, self, state, s.stops, s.seg_rate, s.bolus_k,  # (no stored steps)
-             s.bolus_i, s.bolus_a, job.obs_t, G, z, pbar, 2 * n + npar,
-             anchor=np.ascontiguousarray(state.u) if self.checkpointing else None)
-        pbar += z[2 * n:]
-        return pbar, z[n:2 * n].copy()
+        bt = s.stops[s.bolus_k] if s.bolus_k.size else np.zeros(0)
+        kb = np.searchsorted(stops_b, -bt) if bt.size else np.zeros(0, dtype=np.int64)
+        order = np.argsort(kb, kind="stable")
+        counts = np.bincount(kb, minlength=stops_b.shape[0]) if bt.size else \
+            np.zeros(stops_b.shape[0], dtype=np.int64)
+        bol_off = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        sys = Backsolve(a, np.ascontiguousarray(state.u), self.checkpointing, bol_off,
+                        s.bolus_i[order].astype(np.int64), s.bolus_a[order].astype(np.float64))
+        z = np.zeros(2 * n + npar)
+        z[:n] = state.z_end
+        integrate_backward(job, self, sys, stops_b, z, 2 * n + npar)
+        return z[2 * n:].copy(), z[n:2 * n].copy()
 
 
-class GaussAdjoint(_DenseForward):
+class GaussAdjoint(_Stored):
     """Backward lambda only; mu by Gauss-Legendre quadrature on each backward step.
 
     The parameter integral is never part of the ODE, so the backward solve
@@ -194,11 +202,8 @@ class GaussAdjoint(_DenseForward):
     accepted step adds sum_k w_k h lambda(t_k)^T df/dp(u(t_k)) at
     Gauss-Legendre nodes, lambda from the step's interpolant and u from the
     forward dense output. Usually the fastest continuous adjoint with a
-    network's many parameters.
-
-    The one method for stiff problems: with ``solver=sciml.Rodas5()`` the
-    backward lambda solve uses Rodas5 too, with the adjoint Jacobian
-    J(u(t))^T, and u(t) comes from Rodas5's dense output.
+    network's many parameters, and the default with `Rodas5` for models with
+    many parameters (the backward solve is then stiff too).
 
     Parameters
     ----------
@@ -217,44 +222,25 @@ class GaussAdjoint(_DenseForward):
                              f"{nodes!r}")
         self.nodes = nodes
 
-    solvers = (ExplicitRK, Rodas5)
-
-    def forward(self, job):
-        if isinstance(job.solver, ExplicitRK):
-            return super().forward(job)
-        return rodas_forward(job, dense=True)
+    def quadrature(self, solver):
+        """Gauss-Legendre nodes and weights on [0, 1] for ``solver`` (computed once each)."""
+        m = self.nodes or solver.order // 2 + 1
+        if m not in _NODES:
+            x, w = np.polynomial.legendre.leggauss(m)
+            _NODES[m] = ((x + 1) / 2, w / 2)
+        return _NODES[m]
 
     def backward(self, job, state, G):
-        n, npar = job.n, job.n_params
-        m = self.nodes or job.solver.order // 2 + 1
-        x, w = np.polynomial.legendre.leggauss(m)
-        qx, qw = (x + 1) / 2, w / 2
-        z = np.zeros(n)
-        pbar = np.zeros(npar)
-        s = job.sched
-        if isinstance(job.solver, ExplicitRK):
-            _run(job, GAUSS, self, state, s.stops, s.seg_rate, s.bolus_k, s.bolus_i, s.bolus_a,
-                 job.obs_t, G, z, pbar, n, h0=_last_step(state), qx=qx, qw=qw)
-            return pbar, z.copy()
-        sv, tab = job.solver, job.solver._tab
-        ts, us, kd = state.ros
-        rtol, atol = self._tols(job)
-        stp, nh = tab["a"].shape[0], tab["H"].shape[0]
-        h0 = float(ts[-1] - ts[-2]) if ts.shape[0] > 1 else 0.0
-        stats = np.zeros(3, dtype=np.int64)
-        status = job.mod.adj_ros_gauss(
-            tab["a"], tab["C"], tab["c"], tab["d"], tab["b"], tab["e"], tab["H"], tab["gamma"],
-            ts, us, kd, ts.shape[0] - 1, s.stops, job.obs_t, G, job.p, job.ws, z, pbar,
-            rtol, atol, h0, job.max_steps, sv.safety, sv.qmin, sv.qmax, sv.beta1, sv.beta2,
-            qx, qw, np.zeros((stp, n)), np.zeros((6, n)), np.zeros((n, n)), np.zeros((n, n)),
-            np.zeros(n, dtype=np.int64), np.zeros((1 + nh, n)), np.zeros(npar), stats)
-        if status != 0:
-            raise SolveFailed(f"GaussAdjoint: the stiff backward solve failed: "
-                              f"{STATUS_TEXT.get(int(status), status)}")
-        return pbar, z.copy()
+        qx, qw = self.quadrature(job.solver)
+        a, stops_b = _adjoint(job, state, G)
+        pbar = np.zeros(job.n_params)
+        z = np.zeros(job.n)
+        integrate_backward(job, self, Gauss(a, pbar, qx, qw), stops_b, z, job.n,
+                           _last_step(state), state.n_steps)
+        return pbar, z
 
 
-class QuadratureAdjoint(_DenseForward):
+class QuadratureAdjoint(_Stored):
     """Backward lambda only; mu by adaptive Gauss-Kronrod quadrature on each backward step.
 
     Like `GaussAdjoint`, but the integral of lambda^T df/dp over each step is
@@ -276,11 +262,35 @@ class QuadratureAdjoint(_DenseForward):
         self.quad_rtol = _tol("QuadratureAdjoint", "quad_rtol", quad_rtol)
 
     def backward(self, job, state, G):
-        n, npar = job.n, job.n_params
-        z = np.zeros(n)
-        pbar = np.zeros(npar)
-        s = job.sched
-        _run(job, QUAD, self, state, s.stops, s.seg_rate, s.bolus_k, s.bolus_i, s.bolus_a,
-             job.obs_t, G, z, pbar, n, h0=_last_step(state), quad_tol=self.quad_rtol)
-        return pbar, z.copy()
+        a, stops_b = _adjoint(job, state, G)
+        pbar = np.zeros(job.n_params)
+        rtol, atol = self._tols(job, 1)
+        tol = self.quad_rtol if self.quad_rtol is not None else rtol
+        sys = Quad(a, pbar, tol, float(atol[0]), np.zeros((3, job.n_params)), np.zeros((16, 3)))
+        z = np.zeros(job.n)
+        integrate_backward(job, self, sys, stops_b, z, job.n, _last_step(state), state.n_steps)
+        return pbar, z
 
+
+# ---------------------------------------------------------------- checkpoint intervals
+
+
+def _interval(job, lo, hi, u0, rate, obs_t):
+    """One checkpoint interval as a job of its own: from ``u0`` over ``[lo, hi]`` with one
+    infusion rate and no boluses (the checkpoints hold the states after them)."""
+    z = np.zeros(0, dtype=np.int64)
+    sched = Schedule(np.array([lo, hi]), np.ascontiguousarray(rate), z, z, np.zeros(0))
+    return replace(job, sched=sched, prob=_Fixed(job.prob, u0), obs_t=obs_t)
+
+
+class _Fixed:
+    """A problem seen with another initial state."""
+
+    def __init__(self, prob, u0):
+        self._prob, self._u0 = prob, np.asarray(u0, dtype=np.float64)
+
+    def initial_state(self, p):
+        return self._u0.copy()
+
+    def __getattr__(self, name):
+        return getattr(self._prob, name)

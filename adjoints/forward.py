@@ -1,27 +1,33 @@
 """Forward sensitivities: integrate S = du/dp alongside u.
 
-dS/dt = df/du S + df/dp, S(t0) = 0; the gradient is sum_q G_q^T S(t_q).
+dS/dt = df/du S + df/dp, S(t0) = du0/dp; the gradient is sum_q G_q^T S(t_q).
 The cost grows with the number of parameters (n x n_params extra states)
 but not with the number of observations, and nothing is stored or solved
 backward: the right choice for mechanistic models with a handful of
 parameters (a PK model), as in CVODES' forward mode (Hindmarsh et al.,
-ACM TOMS 31, 2005) and SciMLSensitivity's ForwardSensitivity.
+ACM TOMS 31, 2005) and SciMLSensitivity's ForwardSensitivity. S is saved
+at the observations by the method's interpolant, like the states.
 """
 
 import numpy as np
 
 from sciml.solvers.base import STATUS_TEXT
+from sciml.solvers.kernels.structs import lin, record
 
-from ._forward import Forward, SolveFailed
+from ._forward import SolveFailed, State
 from .base import SensitivityAlgorithm
-
-FSENS = 4  # the kind of `adj_solve`
+from .kernels.systems import Sens
 
 __all__ = ["ForwardSensitivity"]
 
 
 class ForwardSensitivity(SensitivityAlgorithm):
     """Forward sensitivity equations, integrated with the forward solve in one augmented ODE.
+
+    With `Rodas5` the augmented system [u, S] is solved with its exact Jacobian
+    (block lower triangular: one factorisation of ``I/(h gamma) - J`` serves u and
+    every column of S; the coupling d(J S)/du comes from the model's ``hvp``
+    kernel), the natural choice for a stiff PK/PD model with few parameters.
 
     Parameters
     ----------
@@ -37,37 +43,48 @@ class ForwardSensitivity(SensitivityAlgorithm):
         super().__init__(rtol, atol)
         self.error_on_sensitivities = bool(error_on_sensitivities)
 
+    def needs(self, solver):
+        return ("jac", "paramjac", "hvp") if solver.stiff else ("jac", "paramjac")
+
     def forward(self, job):
         n, npar = job.n, job.n_params
+        fsys = job.system(*self.needs(job.solver))
         nz = n + n * npar
-        A, b, e, c, P, n_step, end_stage = job.tableau()
-        rtol, atol = self._tols(job)
-        s, sch = job.solver, job.sched
         z = np.zeros(nz)
-        z[:n] = job.u0
-        T = job.obs_t.shape[0]
-        Z = np.zeros((T, nz))
-        stats = np.zeros(3, dtype=np.int64)
-        d = np.zeros(1)
-        status = job.mod.adj_solve(
-            FSENS, A, b, e, c, P, n_step, end_stage,
-            d, np.zeros((1, n)), np.zeros((0, P.shape[0], n)), np.zeros(0, dtype=np.int8),
-            np.zeros(0, dtype=np.int64), 0,
-            sch.stops, sch.seg_rate, sch.bolus_k, sch.bolus_i, sch.bolus_a,
-            job.obs_t, np.zeros((0, n)), np.zeros((0, n)), False, Z,
-            job.p, job.ws, z, np.zeros(npar),
-            rtol, atol, 0.0, job.max_steps, s.safety, s.qmin, s.qmax, s.beta1, s.beta2,
-            nz if self.error_on_sensitivities else n, np.zeros(0), np.zeros(0), rtol,
-            np.zeros((P.shape[0], nz)), np.zeros((3, nz)), np.zeros((4, n)), np.zeros(npar),
-            np.zeros((n, n)), np.zeros((n, npar)), np.zeros((3, npar)), np.zeros((16, 3)),
-            stats)
+        z[:n] = job.prob.initial_state(job.p)
+        z[n:] = _initial_sensitivities(job).ravel()
+        width = max(n, npar) + 1
+        sys = Sens(fsys.m, fsys, np.zeros((n, n)), np.zeros((n, npar)), np.zeros((n, npar)),
+                   np.zeros((4, width)), np.zeros(npar), lin(n) if job.stiff else fsys.lin,
+                   np.zeros(3))
+        rtol, atol = self._tols(job, nz if self.error_on_sensitivities else n)
+        atol = atol.copy()
+        atol[:n] = job.atol if self.atol is None else self.atol
+        ctl = job.solver.control(rtol, atol, job.dt, job.max_steps)
+        rec = record(nz, job.obs_t)
+        status, t_end = job.solver._loop()(sys, job.solver.engine_tableau(), ctl,
+                                           job.sched.stops, z, rec)
         if status != 0:
             raise SolveFailed(f"ForwardSensitivity: the augmented solve failed: "
                               f"{STATUS_TEXT.get(int(status), status)}")
-        fw = Forward(job.obs_t, np.ascontiguousarray(Z[:, :n]), 0, float(sch.stops[-1]),
-                     None, None, None, None, None, 0, stats)
-        fw.S = Z[:, n:].reshape(T, n, npar)
-        return fw
+        Z = rec.save_z
+        T = job.obs_t.shape[0]
+        st = State(np.ascontiguousarray(Z[:, :n]), 0, float(t_end), fsys, None, rec, 0, z[:n])
+        st.S = Z[:, n:].reshape(T, n, npar)
+        return st
 
     def backward(self, job, state, G):
+        # S carries du0/dp already: no dL/du0 left to pass on
         return np.einsum("qi,qij->j", G, state.S), None
+
+
+def _initial_sensitivities(job):
+    """du0/dp (n, n_params): zeros for a fixed u0, else one reverse pass per state."""
+    n, npar = job.n, job.n_params
+    S0 = np.zeros((n, npar))
+    if job.prob.u0_function is not None:
+        for i in range(n):
+            e = np.zeros(n)
+            e[i] = 1.0
+            S0[i] = job.prob.initial_vjp(job.p, e)
+    return S0

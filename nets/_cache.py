@@ -1,12 +1,12 @@
-"""numba's disk cache for nets' own kernels, stamped with all of nets' compiled sources.
+"""numba's disk cache for compiled code made of several source files, stamped with all of them.
 
 numba stamps a cached function with its own source file only. The kernels
 in `kernels.py` inline code from `activations.py`, `_bits.py` and `_config.py`, so an
 edit there alone would load stale machine code from the cache (a clean install is
 fine: every file is new). The locators here are tried before numba's own, claim only
-files of this package, and add a fingerprint of those sources to the stamp, so a
-change to any of them recompiles. Generated model modules (`sciml`) name the same
-fingerprint in their text.
+the files of one group (a set of folders), and add a fingerprint of every source of
+the group to the stamp, so a change to any of them recompiles the group. `install`
+sets up the group of nets' own files; `sciml` adds its compiled engine the same way.
 """
 
 import functools
@@ -19,32 +19,47 @@ ROOT = Path(__file__).resolve().parent
 SOURCES = ("kernels.py", "activations.py", "_bits.py", "_config.py", "_cache.py")
 
 
-@functools.lru_cache(maxsize=1)
-def fingerprint():
-    """A hash of the nets sources that compiled kernels are made of."""
+def fingerprint_of(paths):
+    """A hash of the contents of ``paths``."""
     h = hashlib.sha256()
-    for name in SOURCES:
-        h.update((ROOT / name).read_bytes())
+    for p in paths:
+        h.update(Path(p).read_bytes())
     return h.hexdigest()[:16]
 
 
-class _OwnSources:
-    @classmethod
-    def from_function(cls, py_func, py_file):
-        if Path(py_file).resolve().parent != ROOT:
-            return None
-        return super().from_function(py_func, py_file)
-
-    def get_source_stamp(self):
-        return super().get_source_stamp(), fingerprint()
+@functools.lru_cache(maxsize=1)
+def fingerprint():
+    """A hash of the nets sources that compiled kernels are made of."""
+    return fingerprint_of(ROOT / name for name in SOURCES)
 
 
-def install():
-    """Put the nets locators first in numba's list (once per process)."""
+def install_group(name, folders, stamp):
+    """Put locators first in numba's list (once per process) that claim the functions of
+    files in ``folders`` and add ``stamp()`` to their cache stamp."""
     impl = caching.CacheImpl
-    if any(issubclass(c, _OwnSources) for c in impl._locator_classes):
+    if any(getattr(c, "_group", None) == name for c in impl._locator_classes):
         return
-    ours = [type(f"Nets{base.__name__}", (_OwnSources, base), {})
+    folders = tuple(Path(f).resolve() for f in folders)
+
+    class _Group:
+        _group = name
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            parent = Path(py_file).resolve().parent
+            if parent not in folders:
+                return None
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self):
+            return super().get_source_stamp(), stamp()
+
+    ours = [type(f"{name}{base.__name__}", (_Group, base), {})
             for base in (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator,
                          caching.UserWideCacheLocator)]
     impl._locator_classes = ours + list(impl._locator_classes)
+
+
+def install():
+    """The group of nets' own kernels (their stamp: `fingerprint`)."""
+    install_group("Nets", [ROOT], fingerprint)

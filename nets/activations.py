@@ -16,6 +16,8 @@ on a dense grid), ~5x faster than libm over a row of 50.
 """
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 from numba import types
@@ -223,3 +225,41 @@ def reference(name, z):
         v = np.exp(-z**2)
         return v, -2 * z * v
     raise KeyError(name)
+
+
+# ---------------------------------------------------------------- formulas
+#
+# Each builtin activation as a formula over a small math namespace ``m`` (``m.tanh``,
+# ``m.sigmoid``, ``m.exp``, ``m.log1p``, ``m.expm1``, ``m.abs``, ``m.maximum``,
+# ``m.where(cond, a, b)``): ``value(z, m)`` and its derivative ``slope(z, a, m)``,
+# which may use the value ``a``. sciml prints them, with sympy as ``m``, into the
+# code of a model's networks (and differentiates ``slope`` for second derivatives);
+# they are the same expressions as `activate_row`'s.
+
+
+class Formula(NamedTuple):
+    value: Callable
+    slope: Callable
+
+
+def _gelu_inner(z, m):
+    return m.tanh(_GELU_C * (z + 0.044715 * z * z * z))
+
+
+FORMULAS = {
+    "identity": Formula(lambda z, m: z, lambda z, a, m: 1.0),
+    "tanh": Formula(lambda z, m: m.tanh(z), lambda z, a, m: 1.0 - a * a),
+    "sigmoid": Formula(lambda z, m: m.sigmoid(z), lambda z, a, m: a * (1.0 - a)),
+    "relu": Formula(lambda z, m: m.maximum(z, 0.0), lambda z, a, m: m.where(z > 0, 1.0, 0.0)),
+    "softplus": Formula(lambda z, m: m.log1p(m.exp(-m.abs(z))) + m.maximum(z, 0.0),
+                        lambda z, a, m: m.sigmoid(z)),
+    "gelu": Formula(lambda z, m: 0.5 * z * (1.0 + _gelu_inner(z, m)),
+                    lambda z, a, m: 0.5 * (1.0 + _gelu_inner(z, m)) + 0.5 * z * (
+                        1.0 - _gelu_inner(z, m) ** 2) * _GELU_C * (1.0 + 3 * 0.044715 * z * z)),
+    "silu": Formula(lambda z, m: z * m.sigmoid(z),
+                    lambda z, a, m: m.sigmoid(z) * (1.0 + z * (1.0 - m.sigmoid(z)))),
+    "elu": Formula(lambda z, m: m.where(z > 0, z, m.expm1(z)),
+                   lambda z, a, m: m.where(z > 0, 1.0, a + 1.0)),
+    "rbf": Formula(lambda z, m: m.exp(-z * z), lambda z, a, m: -2.0 * z * a),
+}
+assert tuple(FORMULAS) == BUILTIN

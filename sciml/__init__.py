@@ -6,7 +6,7 @@ initial state, time span, parameters and doses; `solve` integrates it with
 one of the solvers (`Tsit5` by default) in one compiled loop.
 """
 
-from ._trace import ModelError
+from .model import ModelError
 from .data import Data
 from .fit import LBFGS, FitResult, FitWarning, fit
 from .gradient import loss_and_grad, loss_value

@@ -15,6 +15,8 @@ import numpy as np
 
 import adjoints  # attributes read at call time: `adjoints` imports sciml's core
 
+from adjoints.kernels import backward as _lean_kernels
+
 from ._jit import Threads
 from .data import Data
 from .losses import SSE, Loss
@@ -22,8 +24,9 @@ from .problem import ODEProblem, float_vector, problem_list
 from .solution import SolveWarning
 from .solve import _atol_vector, _check_atol, _check_max_steps, _check_rtol
 from .solvers import common
+from .solvers.base import Solver
 from .solvers.erk import ExplicitRK, Tsit5
-from .solvers.rosenbrock import Rodas5
+from .solvers.kernels.observe import observe_along, observe_jumps
 
 __all__ = ["loss_and_grad", "loss_value"]
 
@@ -121,7 +124,7 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
         fw = adjoints._forward.values(job)
         if fw.status != 0:
             return np.inf
-        total += _loss(job, d, loss, fw.u)[0]
+        total += _loss(job, d, loss, fw.u, fw.sys.m.kern)[0]
     return total
 
 
@@ -129,13 +132,13 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
 
 _TSIT5 = Tsit5()
 _F64 = np.dtype(np.float64)
-_GAUSS_NODES = {}
 
 
 def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt):
-    """The common case in one compiled call (`adj_lean`), or None when it does not apply.
+    """The common case in one compiled call (`adjoints.kernels.backward`), or None when it
+    does not apply.
 
-    One plain problem (no doses), `SSE` on states, an ERK solver, the
+    One plain problem (no doses, u0 an array), `SSE` on states, an ERK solver, the
     discrete, interpolating (no checkpoints) or Gauss adjoint with default
     settings. Checks are cheap here; everything else falls back to the general path.
     """
@@ -172,30 +175,48 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     obs_t = data.t
     if obs_t[0] < t0 or obs_t[-1] > tf:
         return None  # the general path says what is wrong
-    qx, qw = _NO_NODES
-    if method == 2:
-        m = sensealg.nodes or solver.order // 2 + 1
-        qx, qw = _gauss_nodes(m)
+    kern = model.kernel_table("rhs", "vjp")
+    tab = solver.engine_tableau()
+    atol_v = _atol_vector(atol, prob.u0.shape[0])
+    ctl = _control(solver, rtol, atol_v, dt, max_steps)
     grad = np.empty(model.n_params)
     stats = np.zeros(3, dtype=np.int64)
-    mod = model.module
-    args = (solver._packed(), prob.u0, theta, t0, tf, obs_t, data.y_filled, data.w_masked,
-            data.columns(model), rtol, _atol_vector(atol, prob.u0.shape[0]),
-            0.0 if dt is None else dt, max_steps)
+    args = (prob.u0, theta, (t0, tf), (obs_t, data.y_filled, data.w_masked, data.columns(model)),
+            grad, stats)
     if method == 0:
-        status, value = mod.adj_lean(*args, grad, stats)
-    else:  # the kinds of `adj_solve`: 0 interpolating, 2 Gauss
-        status, value = mod.adj_lean_continuous(0 if method == 1 else 2, *args, qx, qw, grad,
-                                                stats)
+        status, value = _lean_kernels.grad_discrete(kern, tab, ctl, *args)
+    else:
+        n_err = model.n_states + model.n_params if method == 1 else model.n_states
+        ctl_b = _control(solver, rtol, _atol_vector(float(np.min(atol_v)), n_err), None,
+                         max_steps + 200 * (obs_t.shape[0] + 2))
+        if method == 1:
+            status, value = _lean_kernels.grad_interp(kern, tab, ctl, ctl_b, *args)
+        else:
+            status, value = _lean_kernels.grad_gauss(kern, tab, ctl, ctl_b,
+                                                     sensealg.quadrature(solver), *args)
     if status != 0:
         return None  # the general path reruns it and reports the failure
     return value, grad
 
 
+_CONTROLS = {}
+
+
+def _control(solver, rtol, atol_v, dt, max_steps):
+    """``solver.control(...)``, kept for the last few settings (built once, not per call)."""
+    key = (id(solver), rtol, id(atol_v), dt, max_steps)
+    ctl = _CONTROLS.get(key)
+    if ctl is None or ctl[0] is not solver or ctl[1] is not atol_v:
+        if len(_CONTROLS) > 64:
+            _CONTROLS.clear()
+        ctl = _CONTROLS[key] = (solver, atol_v, solver.control(rtol, atol_v, dt, max_steps))
+    return ctl[2]
+
+
 def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads, max_steps,
                dt, per_problem):
     """Many plain problems of one model with the discrete adjoint in one parallel compiled
-    call (`adj_lean_many`), or None when that does not apply (see `_lean`)."""
+    call (`grad_discrete_many`), or None when that does not apply (see `_lean`)."""
     if not (probs and isinstance(datas, (list, tuple)) and len(datas) == len(probs)):
         return None
     solver = _lean_solver(loss, solver, rtol, atol, max_steps, dt)
@@ -232,15 +253,14 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
     off[1:] = np.cumsum([len(d) for d in datas])
     grads, losses = np.zeros((m, npar)), np.zeros(m)
     status = np.zeros(m, dtype=np.int64)
+    kern = model.kernel_table("rhs", "vjp")
+    ctl = _control(solver, rtol, _atol_vector(atol, model.n_states), dt, max_steps)
+    data = (np.concatenate([d.t for d in datas]), np.concatenate([d.y_filled for d in datas]),
+            np.concatenate([d.w_masked for d in datas]), cols)
     with nt:
-        model.module.adj_lean_many(
-            solver._packed(), np.stack([p.u0 for p in probs]), Pm,
-            np.array([p.tspan[0] for p in probs]), np.array([p.tspan[1] for p in probs]),
-            np.concatenate([d.t for d in datas]), off,
-            np.concatenate([d.y_filled for d in datas]),
-            np.concatenate([d.w_masked for d in datas]), cols, rtol,
-            _atol_vector(atol, model.n_states), 0.0 if dt is None else dt, max_steps, grads,
-            losses, status)
+        _lean_kernels.grad_discrete_many(
+            kern, solver.engine_tableau(), ctl, np.stack([p.u0 for p in probs]), Pm,
+            np.array([p.tspan for p in probs]), data, off, grads, losses, status)
     if np.any(status != 0):
         return None  # the general path reruns them and reports the failures
     if per_problem:
@@ -263,18 +283,6 @@ def _lean_solver(loss, solver, rtol, atol, max_steps, dt):
             type(dt) is float and dt > 0.0)):
         return None
     return solver
-
-
-_NO_NODES = (np.zeros(0), np.zeros(0))
-
-
-def _gauss_nodes(m):
-    nodes = _GAUSS_NODES.get(m)
-    if nodes is None:
-        x, w = np.polynomial.legendre.leggauss(m)
-        nodes = _GAUSS_NODES[m] = ((x + 1) / 2, w / 2)
-    return nodes
-
 
 
 def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt,
@@ -300,7 +308,7 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
         raise TypeError(f"loss_and_grad: `loss` must be a sciml loss (SSE(), GaussianNLL(...)), "
                         f"got {type(loss).__name__}")
     solver = _TSIT5 if solver is None else solver
-    if not isinstance(solver, (ExplicitRK, Rodas5)):
+    if not isinstance(solver, Solver):
         raise TypeError(f"loss_and_grad: `solver` must be a sciml solver such as sciml.Tsit5() "
                         f"or sciml.Rodas5(), got {solver!r}")
     if sensealg is None:
@@ -308,8 +316,9 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
     if not isinstance(sensealg, adjoints.SensitivityAlgorithm):
         raise TypeError(f"loss_and_grad: `sensealg` must be an adjoints method (e.g. "
                         f"adjoints.GaussAdjoint()), got {sensealg!r}")
-    if need_adaptive or not isinstance(solver, ExplicitRK):
+    if need_adaptive:
         sensealg.check_solver(solver)
+    sensealg.check_model(model, solver)
     if not solver.adaptive:
         if dt is None or isinstance(dt, bool) or not isinstance(dt, (int, float)) or dt <= 0:
             raise ValueError(f"loss_and_grad: the fixed-step {solver.name} needs `dt` > 0, got "
@@ -323,15 +332,17 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
     jobs = []
     for p, d in zip(probs, datas):
         d.columns(p.model)  # a clear error for unknown names, before any solve
+        if d.kind == "observables":
+            p.model.kernel_table("obs", "obs_vjp")
         jobs.append((adjoints._forward.Job(
-            p.model, p.u0, p.params if theta is None else theta, common.schedule(p), solver,
-            rtol, _check_atol(atol, p.model.n_states), None if dt is None else float(dt),
-            max_steps, d.t, p.model.workspace(), p), d))
+            p, p.params if theta is None else theta, common.schedule(p), solver, rtol,
+            _check_atol(atol, p.model.n_states), None if dt is None else float(dt), max_steps,
+            d.t), d))
     nt = Threads(threads).n
     return jobs, loss, sensealg, min(nt, len(jobs))
 
 
-def _loss(job, data, loss, U):
+def _loss(job, data, loss, U, kern):
     """Loss value, its gradient as adjoint jumps G (T, n), and direct parameter gradient."""
     cols = data.columns(job.model)
     T, n = U.shape
@@ -340,26 +351,29 @@ def _loss(job, data, loss, U):
         G = np.zeros((T, n))
         G[:, cols] = ybar
         return value, G, pdir
-    mod = job.model.module
-    Y = np.zeros((T, job.model.n_obs))
-    mod.com_observe(Y, job.obs_t, U, job.p, job.ws)
-    value, ybar, pdir = loss(Y[:, cols], data, job.p, job.model)
+    model = job.model
+    ws = model.workspace()
+    U = np.ascontiguousarray(U)
+    Y = np.zeros((T, model.n_obs))
+    observe_along(kern, job.p, ws, Y, job.obs_t, U)
+    value, ybar, pdir = loss(Y[:, cols], data, job.p, model)
     Ybar = np.zeros_like(Y)
     Ybar[:, cols] = ybar
     G = np.zeros((T, n))
     pobs = np.zeros(job.n_params)
-    mod.adj_obs_jumps(G, pobs, Ybar, np.ascontiguousarray(U), job.obs_t, job.p, job.ws,
-                      np.zeros(n))
+    observe_jumps(kern, job.p, ws, G, pobs, Ybar, U, job.obs_t, np.zeros(n))
     return value, G, pobs if pdir is None else pobs + pdir
 
 
 def _one(job, data, loss, sensealg):
     try:
         state = sensealg.forward(job)
-        value, G, pdir = _loss(job, data, loss, state.u)
-        grad, _ = sensealg.backward(job, state, G)
+        value, G, pdir = _loss(job, data, loss, state.u, state.sys.m.kern)
+        grad, lam0 = sensealg.backward(job, state, G)
     except adjoints.SolveFailed as e:
         return str(e), None
     if pdir is not None:
         grad = grad + pdir
+    if lam0 is not None and job.prob.u0_function is not None:
+        grad = grad + job.prob.initial_vjp(job.p, lam0)  # through u0(p)
     return value, grad

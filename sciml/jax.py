@@ -94,7 +94,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 import nets.jax as _nets_jax
 
 from . import losses as _losses
-from ._trace import T as _T
+from .model.trace import T as _T
 from .data import Data
 from .model import Model
 from .problem import problem_list
@@ -118,6 +118,30 @@ ADJOINTS = ("recursive_checkpoint", "backsolve")
 # ------------------------------------------------------------------ translation
 
 
+def _jax_function(trace, model):
+    """A traced function (`sciml.model.trace.Trace`) as ``fn(t, u, theta)`` in JAX: its
+    symbolic parts by sympy's JAX printer, its network calls by `nets.jax`."""
+    n_mech = len(model.params)
+    slices = model.param_slices
+    u, p = list(trace.u), list(trace.p)
+    calls, z = [], []
+    for call in trace.calls:
+        fn = sympy.lambdify([_T, u, p, list(z)], list(call.inputs), modules="jax", cse=True)
+        calls.append((fn, model.nets[call.net], slices[call.net]))
+        z += call.outputs
+    out = sympy.lambdify([_T, u, p, z], list(trace.exprs), modules="jax", cse=True)
+
+    def fn(t, y, theta):
+        pm = theta[:n_mech]
+        zs = []
+        for f_in, chain, sl in calls:
+            x = _stack(f_in(t, y, pm, zs))
+            zs.extend(_nets_jax.apply(chain, theta[sl], x))
+        return _stack(out(t, y, pm, zs))
+
+    return fn
+
+
 class _Translated:
     """A model printed to JAX: ``rhs(t, u, theta)`` and ``observe(t, u, theta)``.
 
@@ -132,35 +156,15 @@ class _Translated:
                             "kernels): it has no traced expressions to translate to JAX; "
                             "define it with sciml.Model(f, ...) to use the JAX backend")
         # No reference to `model` here: this object is the value of a weak-keyed cache.
-        n_mech = len(model.params)
-        slices = model.param_slices
-        u, p = list(trace.u), list(trace.p)
-        calls, z = [], []
-        for call in trace.calls:
-            fn = sympy.lambdify([_T, u, p, list(z)], list(call.inputs), modules="jax",
-                                cse=True)
-            chain = model.nets[call.net]
-            calls.append((fn, chain, slices[call.net]))
-            z += call.outputs
-        out = sympy.lambdify([_T, u, p, z], list(trace.exprs), modules="jax", cse=True)
-        obs_exprs = list(model._obs_exprs or ())
-        obs = sympy.lambdify([_T, u, p], obs_exprs, modules="jax", cse=True) \
-            if obs_exprs else None
-
-        def rhs(t, y, theta):
-            pm = theta[:n_mech]
-            zs = []
-            for fn, chain, sl in calls:
-                x = _stack(fn(t, y, pm, zs))
-                zs.extend(_nets_jax.apply(chain, theta[sl], x))
-            return _stack(out(t, y, pm, zs))
+        self.rhs = _jax_function(trace, model)
+        obs = _jax_function(model._obs_trace, model) if model._obs_trace is not None else None
 
         def observe(t, y, theta):
             if obs is None:
                 return jnp.zeros(0, dtype=jnp.float64)
-            return _stack(obs(t, y, theta[:n_mech]))
+            return obs(t, y, theta)
 
-        self.rhs, self.observe = rhs, observe
+        self.observe = observe
         self.fns = {}
 
 
@@ -302,6 +306,10 @@ def _problem_arrays(prob, ts):
     bolus at ``tf``.
     """
     ts = np.asarray(ts, dtype=np.float64)
+    if prob.u0_function is not None:
+        raise NotImplementedError("sciml.jax: initial values given as a function of the "
+                                  "parameters are not translated to JAX yet; give `u0` as an "
+                                  "array, or use sciml.loss_and_grad (numba backend)")
     n = prob.u0.shape[0]
     if prob._plain:  # no doses, no tstops: one segment (the common case, made cheap)
         t0, tf = prob.tspan

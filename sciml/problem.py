@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .model.assembly import call
+from .solvers.kernels.calls import K_INIT, K_INIT_VJP
+
 
 def _number(cls, name, v, positive=False, nonneg=False):
     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
@@ -156,7 +159,11 @@ class ODEProblem:
     Parameters
     ----------
     model : sciml.Model
-    u0 : array_like, (n_states,)
+    u0 : array_like (n_states,), or callable
+        The initial state, or initial values as a function of the parameters:
+        ``u0(p)`` or ``u0(p, nets)`` returning one value per state (traced like
+        the model, e.g. ``lambda p, nets: [p.A0, 0.0]``); gradients then flow
+        through them.
     tspan : (t0, tf), t0 < tf
     params : ndarray, (model.n_params,)
         The flat parameter vector (mechanistic first, then each network's).
@@ -167,8 +174,23 @@ class ODEProblem:
 
     def __init__(self, model, u0, tspan, params, doses=(), tstops=()):
         object.__setattr__(self, "model", model)
-        self.u0, self.tspan, self.params = u0, tspan, params
+        object.__setattr__(self, "_u0_fn", None)
+        self.params = params
+        self.u0, self.tspan = u0, tspan
         self.doses, self.tstops = doses, tstops
+
+    @property
+    def u0(self):
+        """The initial state (n_states,); for initial values given as a function, their
+        values at ``params``."""
+        if self._u0_fn is None:
+            return self._u0
+        return self.initial_state(self.params)
+
+    @property
+    def u0_function(self):
+        """The initial-value function (None when u0 is an array)."""
+        return self._u0_fn
 
     def __setattr__(self, name, value):
         # Checked whenever set, not only here: the compiled loops take u0 and params as
@@ -176,9 +198,21 @@ class ODEProblem:
         # follow `doses` and `tstops`.
         model = self.model
         if name == "u0":
+            if callable(value):
+                table, trace = model.initial_table(value)
+                object.__setattr__(self, "_u0_fn", value)
+                object.__setattr__(self, "_u0_trace", trace)
+                object.__setattr__(self, "_u0", None)
+                object.__setattr__(self, "_plain", False)
+                return
             value = float_vector(value, model.n_states, "ODEProblem", "u0", f"shape "
                                  f"({model.n_states},) for states {', '.join(model.states)}")
-        elif name == "params":
+            object.__setattr__(self, "_u0_fn", None)
+            object.__setattr__(self, "_u0", value)
+            if "dose_arrays" in self.__dict__:
+                object.__setattr__(self, "_plain", self.dose_arrays.tstops.size == 0)
+            return
+        if name == "params":
             value = float_vector(value, model.n_params, "ODEProblem", "params",
                                  f"length {model.n_params} (model.n_params)")
         elif name == "tspan":
@@ -198,17 +232,49 @@ class ODEProblem:
         if name in ("doses", "tstops") and "doses" in self.__dict__ and "tstops" in self.__dict__:
             arrays = dose_arrays(self.doses, model.states, self.tstops)
             object.__setattr__(self, "dose_arrays", arrays)
-            # No doses and no tstops: `sciml.solve` may take its lean path.
-            object.__setattr__(self, "_plain", arrays.tstops.size == 0)
+            # No doses, no tstops, u0 an array: `sciml.solve` may take its lean path.
+            object.__setattr__(self, "_plain", arrays.tstops.size == 0 and self._u0_fn is None)
+
+    def kernel_table(self, *needs):
+        """The kernel table the compiled loops read for this problem: the model's, with the
+        initial-value kernels when u0 is a function (see `sciml.Model.kernel_table`)."""
+        table = self.model.kernel_table(*needs)
+        if self._u0_fn is None:
+            return table
+        init = self.model.initial_table(self._u0_fn)[0]
+        out = table.copy()
+        out[K_INIT], out[K_INIT_VJP] = init[K_INIT], init[K_INIT_VJP]
+        return out
+
+    def initial_state(self, params):
+        """A new array holding the initial state for the flat parameters ``params``."""
+        if self._u0_fn is None:
+            return self._u0.copy()
+        table = self.kernel_table()
+        z = np.empty(self.model.n_states)
+        call(table, "init", (z, z, params), 0.0, self.model.workspace())
+        return z
+
+    def initial_vjp(self, params, u0bar):
+        """``u0bar^T du0/dp`` (n_params,): zeros when u0 is an array."""
+        pbar = np.zeros(self.model.n_params)
+        if self._u0_fn is not None:
+            scratch = np.zeros(self.model.n_states)
+            call(self.kernel_table(), "init_vjp", (scratch, pbar, np.ascontiguousarray(u0bar),
+                                                   scratch.copy(), params), 0.0,
+                 self.model.workspace())
+        return pbar
 
     def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None):
         """A copy with some fields replaced (the model is shared)."""
-        return ODEProblem(self.model, self.u0 if u0 is None else u0,
-                          self.tspan if tspan is None else tspan,
+        if u0 is None:
+            u0 = self._u0_fn if self._u0_fn is not None else self._u0
+        return ODEProblem(self.model, u0, self.tspan if tspan is None else tspan,
                           self.params if params is None else params,
                           self.doses if doses is None else doses,
                           self.tstops if tstops is None else tstops)
 
     def __repr__(self):
-        return (f"ODEProblem({type(self.model).__name__}, u0={self.u0.tolist()}, "
+        u0 = "u0=<function>" if self._u0_fn is not None else f"u0={self._u0.tolist()}"
+        return (f"ODEProblem({type(self.model).__name__}, {u0}, "
                 f"tspan={self.tspan}, {len(self.doses)} dose(s))")

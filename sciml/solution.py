@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from .solvers._erk_template import ERK_KEEP_TAIL
+from .solvers.kernels.lean import KEEP_TAIL
+from .solvers.kernels.observe import observe_along
 from .solvers.base import DT_UNDERFLOW, MAX_STEPS, NONFINITE, STATUS_TEXT, SUCCESS
 
 STATUS_NAMES = {SUCCESS: "success", MAX_STEPS: "max_steps", DT_UNDERFLOW: "dt_underflow",
@@ -69,9 +70,9 @@ class Solution:
         d = self.__dict__
         keep, u = d.pop("_keep"), d["u"]
         T, n = u.shape
-        t_end, nfev, nacc, nrej, nsave = keep[keep.shape[0] - ERK_KEEP_TAIL:]
+        t_end, nfev, nacc, nrej, nsave = keep[keep.shape[0] - KEEP_TAIL:]
         nsave = int(nsave)
-        t, u0, params = keep[:T], keep[T:T + n], keep[T + n:keep.shape[0] - ERK_KEEP_TAIL]
+        t, u0, params = keep[:T], keep[T:T + n], keep[T + n:keep.shape[0] - KEEP_TAIL]
         args = d.pop("_redo_args")
         redo = None
         if args is not None:
@@ -162,7 +163,8 @@ class Solution:
             self._observables = {}
             if names:
                 Y = np.empty((self.t.shape[0], len(names)))
-                model.module.com_observe(Y, self.t, self.u, self._params, model.workspace())
+                observe_along(model.kernel_table("obs"), self._params, model.workspace(), Y,
+                              self.t, np.ascontiguousarray(self.u))
                 self._observables = {k: Y[:, i].copy() for i, k in enumerate(names)}
         return dict(self._observables)
 

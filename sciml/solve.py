@@ -78,18 +78,19 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
         if lean is None or lean[0] is not prob.model:
             lean = solver._lean(prob.model) if isinstance(solver, ExplicitRK) else None
         if lean is not None:
-            _, loop, tab, n, extra, entries = lean
+            model, loop, n, extra, entries = lean
             ns = saveat.shape[0]
             out_u, keep = np.empty((ns, n)), np.empty(ns + extra)
             t0, tf = prob.tspan
+            kern = model._asm.table  # the right-hand side is compiled by `_lean`
             # After the first call, the compiled entry point itself: every argument's type
             # is fixed by now (checked above, by ODEProblem, or made here), so numba's
             # dispatch on the types is skipped.
             call = entries.get(type(atol))
             if call is None:
                 call = _entry_point(entries, loop, atol, (
-                    tab, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol, 0.0, 1))
-            status = call(tab, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol,
+                    kern, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol, 0.0, 1))
+            status = call(kern, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol,
                           0.0 if dt is None else dt, max_steps)
             if status >= 0:
                 sol = lean_solution(prob, solver, out_u, keep, status,
@@ -188,9 +189,10 @@ class _Redo(tuple):
         solver, prob, u0, saveat, rtol, atol, dt, max_steps = self
         q = ODEProblem.__new__(ODEProblem)
         q.__dict__.update(prob.__dict__)
-        q.u0, q.params = u0, params
+        object.__setattr__(q, "_u0", u0)
+        object.__setattr__(q, "_u0_fn", None)
         atol = _check_atol(atol, u0.shape[0])
-        return solver._run(q, saveat, rtol, atol, dt, max_steps, True).dense
+        return solver._run(q, saveat, rtol, atol, dt, max_steps, True, params=params).dense
 
 
 def _warn_if_failed(sol, index, stacklevel=3):

@@ -1,19 +1,41 @@
-"""What every solver is: settings plus a `_run` that drives its compiled loop."""
+"""What every solver is: settings, a method family's compiled loop, and one `_run`.
+
+A solver object holds settings (controller, adaptivity) and its method's
+tableau; `Solver._run` builds the structures the compiled loop takes (the
+problem's `kernels.system.Forward`, the tableau, a `kernels.structs.Control`
+and `Record`), calls the family's loop (`erk_integrate` or `ros_integrate`)
+and wraps what comes back.
+"""
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
+from . import common
+from .kernels import control as _ctl
+from .kernels.structs import S_NACC, S_NFEV, S_NJAC, S_NLU, S_NREJ, S_NSAVE, Control, record
+
 # Status codes returned by every compiled loop.
-SUCCESS, MAX_STEPS, DT_UNDERFLOW, NONFINITE, NEED_STORAGE = 0, 1, 2, 3, 4
+SUCCESS, MAX_STEPS, DT_UNDERFLOW, NONFINITE = (_ctl.SUCCESS, _ctl.MAX_STEPS, _ctl.DT_UNDERFLOW,
+                                               _ctl.NONFINITE)
 STATUS_TEXT = {
     SUCCESS: "success",
     MAX_STEPS: "maximum number of steps reached (raise `max_steps`)",
     DT_UNDERFLOW: "step size underflow (the problem may be stiff: try Rodas5, "
                   "or loosen `rtol`/`atol`)",
     NONFINITE: "the state became NaN or Inf",
-    NEED_STORAGE: "internal: step storage full",
 }
+
+
+class Dense(NamedTuple):
+    """A solve's stored steps, for `Solver.interpolate`: the system and tableau that made
+    them, the `Record` and the number of steps."""
+
+    sys: object
+    tab: object
+    rec: object
+    n_steps: int
 
 
 @dataclass
@@ -23,9 +45,8 @@ class RawSolution:
     t, u : saved times (n_save,) and states (n_save, n_states)
     status : one of the codes above; t_end: time reached
     stats : nfev, n_accepted, n_rejected (+ njac, nlu for implicit methods)
-    dense : None, or the solver's per-step data for dense output
-        (ts (n_steps+1,), us (n_steps+1, n), ks (n_steps, n_k, n)), evaluated
-        by ``solver.interpolate(dense, t_query, out)``.
+    dense : None, or the solve's stored steps (`Dense`), evaluated by
+        ``solver.interpolate(dense, t_query, out)``.
     """
 
     t: np.ndarray
@@ -33,11 +54,12 @@ class RawSolution:
     status: int
     t_end: float
     stats: dict = field(default_factory=dict)
-    dense: tuple | None = None
+    dense: Dense | None = None
 
 
 class Solver:
-    """Base of all solvers. Subclasses are settings (tableau as class data) plus `_run`.
+    """Base of all solvers. Subclasses are settings (tableau as class data) plus their
+    family's compiled loop.
 
     Attributes
     ----------
@@ -46,18 +68,75 @@ class Solver:
         Order of the propagated solution.
     adaptive : bool
         Fixed-step methods need ``dt=`` in `sciml.solve`.
+    needs : tuple of str
+        The model kernels the loop calls.
+    stiff : bool
+        An implicit (Rosenbrock) method: it factors ``I/(h gamma) - J``.
     """
 
     name = "Solver"
     order = 0
     adaptive = True
+    needs = ("rhs",)
+    stiff = False
+    safety = qmin = qmax = beta1 = beta2 = 0.0
 
-    def _run(self, prob, saveat, rtol, atol, dt, max_steps, dense):
-        """Integrate `prob` and return a `RawSolution` (see the subclasses)."""
+    def _loop(self):
+        """The family's compiled loop, ``(sys, tab, ctl, stops, z, rec) -> (status, t, rec)``."""
         raise NotImplementedError
 
+    def _rows(self):
+        """Rows of per-step storage."""
+        raise NotImplementedError
+
+    def engine_tableau(self):
+        """The tableau as the compiled loops take it."""
+        return self.tableau.engine()
+
+    def control(self, rtol, atol, dt, max_steps, n_err=None):
+        """The `Control` of a solve: ``atol`` (n,) (its first ``n_err`` entries when given),
+        ``dt`` the fixed step or the first one (None: estimated)."""
+        atol = np.ascontiguousarray(atol if n_err is None else atol[:n_err], dtype=np.float64)
+        return Control(float(rtol), atol, self.safety, self.qmin, self.qmax, self.beta1,
+                       self.beta2, int(max_steps), float(dt or 0.0), bool(self.adaptive))
+
+    def _run(self, prob, saveat, rtol, atol, dt, max_steps, dense, params=None):
+        """Integrate one problem; see `sciml.solve` (arguments already validated).
+
+        saveat : None (every accepted step) or sorted float64 times in tspan.
+        atol : (n_states,) float64. dt : None, or the fixed / initial step.
+        params : flat parameters instead of the problem's.
+        """
+        n = prob.model.n_states
+        p = prob.params if params is None else params
+        sched = common.schedule(prob)
+        sys = common.forward_system(prob.kernel_table(*self.needs), p, sched, n, self.stiff)
+        every = saveat is None
+        cap = common.capacity(sched, max_steps, None if self.adaptive else dt)
+        tab = self.engine_tableau()
+        ctl = self.control(rtol, atol, dt, max_steps)
+        while True:  # storage for every step: a guess, grown and the solve rerun if short
+            rec = record(n, np.zeros(0) if every else saveat, every, bool(dense), self._rows(),
+                         cap)
+            z = prob.initial_state(p)
+            status, t_end = self._loop()(sys, tab, ctl, sched.stops, z, rec)
+            if status != _ctl.NEED_STORAGE:
+                break
+            cap = min(4 * cap, max_steps + 1)
+        st = rec.stats
+        k = int(st[S_NSAVE])
+        t = rec.all_t[:k].copy() if every else saveat[:k].copy()
+        stats = {"nfev": int(st[S_NFEV]), "n_accepted": int(st[S_NACC]),
+                 "n_rejected": int(st[S_NREJ])}
+        if self.stiff:
+            stats.update(njac=int(st[S_NJAC]), nlu=int(st[S_NLU]))
+        dense_data = Dense(sys, tab, rec, int(st[S_NACC])) if dense else None
+        return RawSolution(t, rec.save_z[:k].copy(), int(status), float(t_end), stats,
+                           dense_data)
+
     def interpolate(self, dense, t, out):
-        """Write the dense-output state at times `t` (sorted) into `out` (len(t), n)."""
+        """Write the dense-output state at sorted times `t` (inside the solved interval)
+        into `out` (len(t), n)."""
         raise NotImplementedError
 
     def __repr__(self):

@@ -1,18 +1,21 @@
-"""Python side of what every solver shares: the dose schedule and storage sizing.
+"""Python side of what every solver shares: the dose schedule and the forward system.
 
-`schedule` turns a problem's doses into the arrays the compiled loops read
-(see `_common_template` for their meaning). Everything here runs once per
-solve, outside the compiled loop.
+`schedule` turns a problem's doses into the arrays the compiled loops read;
+`forward_system` binds a problem's model and parameters to them
+(`kernels.system.Forward`). Everything here runs once per solve, outside the
+compiled loop.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from .base import NEED_STORAGE
+from .kernels.structs import Lin, Model, lin
+from .kernels.system import Forward, Infused
 
 _NO_INT = np.zeros(0, dtype=np.int64)
 _NO_FLOAT = np.zeros(0)
+_NO_LIN = Lin(np.zeros((0, 0)), np.zeros((0, 0)), _NO_INT, np.zeros((0, 0)), _NO_INT)
 
 
 @dataclass
@@ -35,6 +38,18 @@ class Schedule:
     def n_segments(self):
         return self.stops.shape[0] - 1
 
+    @property
+    def has_rate(self):
+        return bool(np.any(self.seg_rate))
+
+    def bolus_offsets(self):
+        """(m + 2,) int64: the boluses of stop k are ``bolus_off[k]:bolus_off[k + 1]``
+        (empty when there are none)."""
+        if self.bolus_k.size == 0:
+            return _NO_INT
+        counts = np.bincount(self.bolus_k, minlength=self.stops.shape[0])
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
 
 def schedule(prob):
     """The `Schedule` of an `ODEProblem` (doses outside ``[t0, tf]`` are dropped).
@@ -45,7 +60,7 @@ def schedule(prob):
     """
     t0, tf = prob.tspan
     da = prob.dose_arrays
-    n = prob.u0.shape[0]
+    n = prob.model.n_states
     if da.tstops.size == 0:  # no doses, no tstops: the common case, made cheap
         return Schedule(np.array([t0, tf]), np.zeros((1, n)), _NO_INT, _NO_INT, _NO_FLOAT)
     inner = da.tstops[(da.tstops > t0) & (da.tstops < tf)]
@@ -61,27 +76,25 @@ def schedule(prob):
                     da.bolus_a[keep].astype(np.float64))
 
 
-def initial_capacity(sched, max_steps, dt=None):
-    """Steps to reserve for per-step storage before the first try.
+def forward_system(table, params, sched, n, stiff=False):
+    """The problem's ODE as the loops integrate it (`kernels.system.Forward`).
 
-    Exact for a fixed step ``dt``; a guess for adaptive solves (grown by
-    `grown_capacity` when the loop reports NEED_STORAGE).
+    ``table`` : the kernel table; ``params`` : the flat parameters; ``stiff`` :
+    with the Rosenbrock linear-algebra buffers.
     """
+    m = Model(table, params, np.zeros(max(int(table[0]), 1)))
+    parts = (m, sched.bolus_offsets(), sched.bolus_i, sched.bolus_a, lin(n) if stiff else _NO_LIN)
+    if sched.has_rate:
+        return Infused(*parts, np.ascontiguousarray(sched.seg_rate))
+    return Forward(*parts)
+
+
+def capacity(sched, max_steps, dt=None):
+    """Steps to reserve for per-step storage: exact for a fixed step ``dt``, a guess for
+    adaptive solves (the loops grow their storage when it runs out)."""
     span = sched.stops[-1] - sched.stops[0]
     if dt is not None:
         need = int(np.ceil(span / dt * (1 + 1e-12))) + 2 * sched.n_segments + 1
     else:
-        need = 128 + 4 * sched.n_segments
+        need = 64 + 4 * sched.n_segments
     return max(1, min(need, max_steps + 1))
-
-
-def grown_capacity(cap, t_reached, sched, max_steps):
-    """A larger capacity after running out at ``t_reached``: extrapolate, with margin."""
-    t0, tf = sched.stops[0], sched.stops[-1]
-    frac = (t_reached - t0) / (tf - t0)
-    guess = cap / frac * 1.3 if frac > 0.05 else 8 * cap
-    return int(min(max(2 * cap, guess), max_steps + 1))
-
-
-def needs_storage(status):
-    return status == NEED_STORAGE

@@ -14,10 +14,14 @@ cites its source. `tests/sciml/test_erk_tableaus.py` checks every order
 condition up to each method's order (and its interpolant's).
 """
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from numpy.polynomial import polynomial as npoly
+
+from .kernels.structs import ERKTableau, RosTableau
 
 _EPS = np.finfo(np.float64).eps
 
@@ -137,6 +141,34 @@ class ButcherTableau:
     def n_stages(self):
         """All stages, including the interpolant's extra ones."""
         return self.c.shape[0]
+
+    @property
+    def end_stage(self):
+        """A stage equal to f(t + h, u_new), reused as the next step's first: the FSAL
+        stage, else an extra stage with row ``b`` (Vern7's); -1 if none."""
+        s = self.n_step_stages
+        if self.fsal:
+            return s - 1
+        for i in range(s, self.n_stages):
+            if self.c[i] == 1.0 and np.array_equal(self.A[i], self.b):
+                return i
+        return -1
+
+    @functools.cached_property
+    def _engine(self):
+        s = self.n_step_stages
+        e = self.b_error if self.b_error is not None else np.zeros(self.n_stages)
+        return ERKTableau(self.A.ravel().copy(), self.b[:s].copy(), e[:s].copy(),
+                          self.c.copy(), self.b_dense.ravel().copy(), s, self.end_stage,
+                          self.order)
+
+    def engine(self, constants=False):
+        """The tableau as the compiled loops take it (`kernels.structs.ERKTableau`):
+        arrays, or with ``constants`` tuples of floats (the lean entry points)."""
+        if not constants:
+            return self._engine
+        t = self._engine
+        return t._replace(**{k: tuple(map(float, getattr(t, k))) for k in "A b e c P".split()})
 
     def weights_at(self, theta):
         """Interpolant weights ``b_i(theta)`` (s,) at one ``theta`` in [0, 1]."""
@@ -381,4 +413,201 @@ EULER = ButcherTableau(
     # Hermite interpolant; one evaluation per step.
     c=[0.0, 1.0], A=[[0.0, 0.0], [1.0, 0.0]], b=[1.0, 0.0],
     b_dense=_hermite_dense([1.0, 0.0]), order=1, dense_order=1, fsal=True,
+)
+
+
+# ---------------------------------------------------------------- Rosenbrock
+
+
+def _lower_rows(rows, s, name):
+    if len(rows) != s or any(len(r) != i for i, r in enumerate(rows)):
+        raise ValueError(f"RosenbrockTableau: `{name}` must have rows of length 0, 1, ..., "
+                         f"{s - 1}")
+    M = np.zeros((s, s))
+    for i, r in enumerate(rows):
+        M[i, :i] = r
+    return M
+
+
+@dataclass(frozen=True, eq=False)
+class RosenbrockTableau:
+    """A Rosenbrock method in the transformed form of Hairer & Wanner (II, IV.7), checked
+    on construction.
+
+    Stage increments ``k_i`` solve ``(I/(h gamma) - J) k_i = f(t + c_i h, u + sum_j
+    a_ij k_j) + sum_j (C_ij / h) k_j + h d_i df/dt``; ``u_new = u + sum_i b_i k_i``, the
+    error ``sum_i (b_i - b_embedded_i) k_i``, the dense output
+    ``u(theta) = (1 - theta) u0 + theta (u1 + (1 - theta) (K1 + theta (K2 + theta K3 ...)))``
+    with ``K_j = sum_i H[j][i] k_i``. The check maps the coefficients back to the
+    original (alpha, gamma) form and verifies the stage times and time-derivative
+    weights, every order condition of the solution (up to `order`), of the embedded
+    solution (up to `embedded_order`) and of the interpolant (up to `dense_order`).
+
+    Parameters
+    ----------
+    gamma : float
+    c, d, b, b_embedded : sequences of s floats
+    a, C : rows of the strictly lower triangular matrices (row i has i entries)
+    H : rows of the interpolant, s entries each
+    order, embedded_order, dense_order : int
+    """
+
+    gamma: float
+    c: tuple
+    d: tuple
+    a: tuple
+    C: tuple
+    b: tuple
+    b_embedded: tuple
+    H: tuple
+    order: int
+    embedded_order: int
+    dense_order: int
+
+    def __post_init__(self):
+        s = len(self.c)
+        a, C = _lower_rows(self.a, s, "a"), _lower_rows(self.C, s, "C")
+        c, d, b, bh = (np.asarray(v, dtype=np.float64) for v in
+                       (self.c, self.d, self.b, self.b_embedded))
+        H = np.asarray(self.H, dtype=np.float64)
+        g = float(self.gamma)
+        if not (d.shape == b.shape == bh.shape == (s,) and H.ndim == 2 and H.shape[1] == s):
+            raise ValueError(f"RosenbrockTableau: `d`, `b`, `b_embedded` need {s} entries and "
+                             f"`H` {s} columns")
+        # Back to the original form: Gamma (with gamma on its diagonal) and alpha.
+        Gam = np.linalg.inv(np.eye(s) / g - C)
+        alpha = a @ Gam
+        beta = alpha + Gam
+        _require(np.abs(alpha.sum(1) - c).max() < 1e-10, "c != row sums of alpha")
+        _require(np.abs(Gam.sum(1) - d).max() < 1e-10, "d != row sums of Gamma")
+        _check_order("solution", b @ Gam, alpha, beta, self.order)
+        _check_order("embedded", bh @ Gam, alpha, beta, self.embedded_order)
+        for th in (0.2, 0.5, 0.9):
+            # the interpolant's weights at theta, as in `kernels.ros.ros_interp`
+            w = th * b + th * (1 - th) * sum(th ** j * H[j] for j in range(H.shape[0]))
+            _check_order("dense output", w @ Gam, alpha, beta, self.dense_order, th)
+        object.__setattr__(self, "_engine", RosTableau(
+            a.ravel().copy(), C.ravel().copy(), c, d, b, b - bh, H.ravel().copy(), g,
+            self.embedded_order))
+
+    @property
+    def n_stages(self):
+        return len(self.c)
+
+    @property
+    def n_dense(self):
+        """Rows ``K_j`` of the interpolant."""
+        return len(self.H)
+
+    def engine(self):
+        """The tableau as the compiled loops take it (`kernels.structs.RosTableau`)."""
+        return self._engine
+
+
+def _check_order(what, weights, alpha, beta, order, theta=1.0):
+    """``sum_i weights_i Phi_i(t) = theta^|t| / density(t)`` for every tree up to `order`."""
+    for q in range(1, order + 1):
+        for t in _trees(q):
+            res = weights @ _phi(t, alpha, beta) - theta ** q / _density(t)
+            _require(abs(res) < 1e-10, f"{what} fails an order-{q} condition "
+                                            f"(residual {res:.2e})")
+
+
+def _require(ok, msg):
+    if not ok:
+        raise ValueError(f"RosenbrockTableau: inconsistent method coefficients: {msg}")
+
+
+@functools.cache
+def _trees(order):
+    """Rooted trees with `order` vertices, each a sorted tuple of its subtrees."""
+    if order == 1:
+        return [()]
+    found = set()
+    for first in range(1, order):
+        for sub in _trees(first):
+            for rest in _forests(order - 1 - first):
+                found.add(tuple(sorted((sub, *rest))))
+    return sorted(found)
+
+
+def _forests(order):
+    if order == 0:
+        return [()]
+    out = []
+    for first in range(1, order + 1):
+        for sub in _trees(first):
+            out += [(sub, *rest) for rest in _forests(order - first)]
+    return out
+
+
+def _density(t):
+    return (1 + sum(_size(u) for u in t)) * math.prod(_density(u) for u in t)
+
+
+def _size(t):
+    return 1 + sum(_size(u) for u in t)
+
+
+def _phi(t, alpha, beta):
+    """Elementary weights of a Rosenbrock method (Hairer & Wanner II, IV.7).
+
+    A vertex with one child contributes ``beta`` (the J terms join in), a
+    vertex with several children the product of ``alpha`` terms.
+    """
+    if not t:
+        return np.ones(alpha.shape[0])
+    if len(t) == 1:
+        return beta @ _phi(t[0], alpha, beta)
+    return math.prod(alpha @ _phi(u, alpha, beta) for u in t)
+
+
+# ---------------------------------------------------------------- Rodas5
+
+_A6 = (-14.09640773051259, 6.925207756232704, -41.47510893210728, 2.343771018586405,
+       24.13215229196062)
+
+RODAS5 = RosenbrockTableau(
+    # G. Di Marzo, "RODAS5(4) -- Methodes de Rosenbrock d'ordre 5(4) adaptees aux problemes
+    # differentiels-algebriques", Master's thesis, Universite de Geneve, 1993; coefficients
+    # (including the interpolation coefficients H) as tabulated in OrdinaryDiffEq.jl,
+    # ``rosenbrock_tableaus.jl`` (``Rodas5Tableau``; MIT licence).
+    gamma=0.19,
+    c=(0.0, 0.38, 0.3878509998321533, 0.4839718937873840, 0.4570477008819580, 1.0, 1.0, 1.0),
+    d=(0.19, -0.1823079225333714636, -0.319231832186874912, 0.3449828624725343,
+         -0.377417564392089818, 0.0, 0.0, 0.0),
+    a=(
+        (),
+        (2.0,),
+        (3.040894194418781, 1.041747909077569),
+        (2.576417536461461, 1.622083060776640, -0.9089668560264532),
+        (2.760842080225597, 1.446624659844071, -0.3036980084553738, 0.2877498600325443),
+        _A6,
+        (*_A6, 1.0),  # stages 7 and 8 continue from the stage-6 input: stiffly accurate
+        (*_A6, 1.0, 1.0),
+    ),
+    C=(
+        (),
+        (-10.31323885133993,),
+        (-21.04823117650003, -7.234992135176716),
+        (32.22751541853323, -4.943732386540191, 19.44922031041879),
+        (-20.69865579590063, -8.816374604402768, 1.260436877740897, -0.7495647613787146),
+        (-46.22004352711257, -17.49534862857472, -289.6389582892057, 93.60855400400906,
+         318.3822534212147),
+        (34.20013733472935, -14.15535402717690, 57.82335640988400, 25.83362985412365,
+         1.408950972071624, -6.551835421242162),
+        (42.57076742291101, -13.80770672017997, 93.98938432427124, 18.77919633714503,
+         -31.58359187223370, -6.685968952921985, -5.810979938412932),
+    ),
+    b=(*_A6, 1.0, 1.0, 1.0),  # u_new = (input of stage 8) + k_8
+    b_embedded=(*_A6, 1.0, 1.0, 0.0),  # the input of stage 8: error = k_8
+    H=(
+        (27.354592673333357, -6.925207756232857, 26.40037733258859, 0.5635230501052979,
+         -4.699151156849391, -1.6008677469422725, -1.5306074446748028, -1.3929872940716344),
+        (44.19024239501722, 1.3677947663381929e-13, 202.93261852171622, -35.5669339789154,
+         -181.91095152160645, 3.4116351403665033, 2.5793540257308067, 2.2435122582734066),
+        (-44.0988150021747, -5.755396159656812e-13, -181.26175034586677, 56.99302194811676,
+         183.21182741427398, -7.480257918273637, -5.792426076169686, -5.32503859794143),
+    ),
+    order=5, embedded_order=4, dense_order=4,
 )

@@ -1,18 +1,13 @@
-"""Dense LU with partial pivoting for the small matrices of implicit steps (template).
+"""Dense LU with partial pivoting for the small matrices of implicit steps.
 
 Rosenbrock steps solve with ``W = I/(h*gamma) - J`` several times per step.
 numba's ``np.linalg.solve`` allocates its result and copies its operands on
 every call (and a LAPACK call costs more than the elimination itself for a
 handful of states), so the loops use this plain right-looking elimination.
 Both kernels work in place on caller-owned buffers and allocate nothing.
-
-The lines between the template markers are pasted into every generated model
-module (see `sciml._codegen.template_source`); names carry the ``lu_`` prefix.
 """
 
 from sciml._jit import jit
-
-# --- template begin
 
 
 @jit
@@ -91,4 +86,28 @@ def lu_solve_into(x, LU, piv):
         x[i] = s / LU[i, i]
 
 
-# --- template end
+
+@jit
+def lu_solve_transposed_into(x, LU, piv):
+    """Overwrite ``x`` with the solution of ``A^T x = b`` (``x`` holds ``b`` on entry).
+
+    With ``P A = L U``: ``A^T = U^T L^T P``, so solve ``U^T y = b``, then
+    ``L^T w = y``, then undo the row swaps in reverse order.
+    """
+    n = LU.shape[0]
+    for i in range(n):
+        s = x[i]
+        for j in range(i):
+            s -= LU[j, i] * x[j]
+        x[i] = s / LU[i, i]
+    for i in range(n - 1, -1, -1):
+        s = x[i]
+        for j in range(i + 1, n):
+            s -= LU[j, i] * x[j]
+        x[i] = s
+    for k in range(n - 1, -1, -1):
+        p = piv[k]
+        if p != k:
+            tmp = x[k]
+            x[k] = x[p]
+            x[p] = tmp

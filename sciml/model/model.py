@@ -1,58 +1,34 @@
 """`Model`: an ODE right-hand side traced once and compiled into derivative kernels.
 
-A model owns a generated module (see `sciml._codegen`) holding, with the
-contract's names and signatures (float64, ``ws`` = the model's workspace of
-length ``WS_SIZE``; nothing allocates):
-
-- ``rhs_into(du, u, p, t, ws)``: du = f(u, p, t);
-- ``jac_into(J, u, p, t, ws)``: J = df/du, (n_states, n_states);
-- ``vjp_into(ubar, pbar, lam, u, p, t, ws)``: ubar = lam^T df/du (written),
-  pbar += lam^T df/dp over the whole flat parameter vector;
-- ``paramjac_into(Jp, u, p, t, ws)``: Jp = df/dp, (n_states, n_params);
-- ``obs_into(y, u, p, t, ws)`` and ``obs_vjp_into(ubar, pbar, ybar, u, p, t, ws)``
-  for the observables;
-- the constants ``N_STATES, N_PARAMS, N_OBS, WS_SIZE``;
-
-followed by the solver loops of `sciml.solvers.TEMPLATES`, which call them.
+A model holds its traced functions and compiles their kernels on first need
+(`sciml.model.assembly`): ``f`` and its derivatives (Jacobian, parameter
+Jacobian, vector-Jacobian product, second-order ``hvp``), the observables
+and their vjp, and the initial-value functions of its problems. The solvers
+and sensitivity loops are not part of a model: they are compiled once for all
+models (`sciml.solvers.kernels`) and call the kernels through the model's
+kernel table.
 """
 
-import functools
-import hashlib
-import importlib
 import threading
-from pathlib import Path
+import warnings
 
-import numba
 import numpy as np
 
 from nets import Chain
-from nets import _cache as nets_cache
-from nets import kernels as _nk
 from nets import registry as _registry
 
-from . import _jit as _jit_module
-from . import _kernelgen as kg
-from ._codegen import build_module, template_source
-from ._trace import ModelError, check_names, trace_model, trace_observable
+from .assembly import Assembly, KernelSet, call
+from .derivatives import NetSpec
+from .trace import ModelError, check_names, trace_initial, trace_model, trace_observables
 
-__all__ = ["Model", "NeuralODE", "ModelError", "ParamViews"]
-
-
-@functools.lru_cache(maxsize=1)
-def _nets_fingerprint():
-    # Generated kernels link the nets kernels (and sciml._jit's intrinsics) into their
-    # cached machine code; naming those sources in the generated text makes a change
-    # there a new module.
-    h = hashlib.sha256(nets_cache.fingerprint().encode())
-    h.update(Path(_jit_module.__file__).read_bytes())
-    return h.hexdigest()[:16]
+__all__ = ["Model", "NeuralODE", "ModelError", "ParamViews", "CacheWarning"]
 
 
-def _templates():
-    from .solvers import TEMPLATES
-    from .solvers.erk import specialized_source
+class CacheWarning(UserWarning):
+    """A part of a model that is compiled in every process (a custom activation)."""
 
-    return [template_source(m) for m in TEMPLATES] + [specialized_source()]
+
+_WARNED = set()
 
 
 class ParamViews:
@@ -104,14 +80,12 @@ def _check_nets(nets):
     for name, chain in nets.items():
         if not isinstance(chain, Chain):
             raise TypeError(f"`nets[{name!r}]` must be a nets.Chain, got {type(chain).__name__}")
-        custom = [l.activation for l in chain.layers if not _registry.is_builtin(l.activation)]
-        if custom:
-            raise ValueError(f"`nets[{name!r}]` uses custom activation(s) {custom}: models "
-                             "support the builtin activations only (custom activations "
-                             "cannot be cached on disk)")
-        if chain.n_in > _nk.B:
-            raise ValueError(f"`nets[{name!r}]` has {chain.n_in} inputs; at most {_nk.B} "
-                             "are supported")
+        for act in {l.activation for l in chain.layers} - set(_WARNED):
+            if not _registry.is_builtin(act):
+                _WARNED.add(act)
+                warnings.warn(f"`nets[{name!r}]` uses the custom activation {act!r}: its numba "
+                              "functions are compiled once in each process that uses them "
+                              "(not cached on disk)", CacheWarning, stacklevel=4)
     return dict(nets)
 
 
@@ -119,8 +93,8 @@ def _check_observables(observables):
     if observables is None:
         return {}
     if not isinstance(observables, dict):
-        raise TypeError("`observables` must be a dict of name -> function g(u, p), got "
-                        f"{type(observables).__name__}")
+        raise TypeError("`observables` must be a dict of name -> function g(u, p) (or "
+                        f"g(u, p, t) or g(u, p, t, nets)), got {type(observables).__name__}")
     check_names("observables", list(observables))
     return dict(observables)
 
@@ -161,9 +135,11 @@ class Model:
         Mechanistic parameter names, first in the flat parameter vector.
     nets : dict of str -> nets.Chain, optional
         Embedded networks; their parameters follow the mechanistic ones in the
-        flat vector, in this order.
+        flat vector, in this order. Custom activations (`nets.register_activation`)
+        are allowed; their numba functions compile once per process.
     observables : dict of str -> callable, optional
-        ``g(u, p)`` or ``g(u, p, t)``, each returning one value (no networks).
+        ``g(u, p)``, ``g(u, p, t)`` or ``g(u, p, t, nets)``, each returning one
+        value; they may call the model's networks.
 
     Raises
     ------
@@ -182,24 +158,25 @@ class Model:
     >>> theta = model.init_params(seed=0, alpha=1.3, delta=1.8)
     """
 
-    # The traced expressions (a `sciml._trace.Trace` and one expression per observable);
-    # None for a model made with `from_kernels`, which has nothing traced.
+    # The traced expressions (a `sciml.model.trace.Trace` for f and one for the
+    # observables); None for a model made with `from_kernels`, which has no traced f.
     _trace = None
-    _obs_exprs = None
+    _obs_trace = None
 
     def __init__(self, f, states, params, nets=None, observables=None):
         states, params, nets, observables = self._check(states, params, nets, observables)
         trace = trace_model(f, states, params, nets)
-        obs = [trace_observable(k, g, states, params) for k, g in observables.items()]
         specs, n_params = self._net_specs(nets, len(params))
-        gen = kg.ModelKernels(trace, specs, n_params, obs)
+        sets = {"f": KernelSet(trace, specs, n_params)}
+        obs = None
+        if observables:
+            obs = trace_observables(observables, states, params, nets)
+            sets["g"] = KernelSet(obs, specs, n_params)
         name = getattr(f, "__name__", type(f).__name__)
-        source = kg.assemble(f"Model `{name}`", self._provenance(name), gen.kernels(),
-                             _templates())
-        self._finish(name, states, params, nets, tuple(observables), n_params, gen.ws_size,
-                     source)
+        asm = Assembly(sets, 0, sets["f"].gen.autonomous)
+        self._finish(name, states, params, nets, tuple(observables), n_params, asm)
         # Kept for other backends (sciml.jax prints them to jax.numpy).
-        self._trace, self._obs_exprs = trace, tuple(obs)
+        self._trace, self._obs_trace = trace, obs
 
     # ------------------------------------------------------------ building
 
@@ -218,26 +195,19 @@ class Model:
     def _net_specs(nets, n_mech):
         specs, off = {}, n_mech
         for name, chain in nets.items():
-            specs[name] = kg.NetSpec(name, chain.meta, off, chain.n_params, chain.n_in,
-                                     chain.n_out, int(_nk.sample_size(chain.meta)))
+            specs[name] = NetSpec(name, chain.meta, off, chain.n_params, chain.n_in,
+                                  chain.n_out)
             off += chain.n_params
         return specs, off
 
-    @staticmethod
-    def _provenance(name):
-        return [f"model: {name}", f"nets kernels: {_nets_fingerprint()}",
-                f"numba {numba.__version__}"]
-
-    def _finish(self, name, states, params, nets, obs_names, n_params, ws_size, source):
+    def _finish(self, name, states, params, nets, obs_names, n_params, asm):
         self._name = name
         self._states, self._params = states, params
         self._nets = nets
         self._obs_names = obs_names
         self._n_params = n_params
-        self._source = source
-        self._module = build_module(source)
-        self._ws_size = int(self._module.WS_SIZE)
-        assert self._ws_size == ws_size and self._module.N_PARAMS == n_params
+        self._asm = asm
+        self._ws_size = int(asm.ws_size)
         slices, off = {}, 0
         for p in params:
             slices[p] = slice(off, off + 1)
@@ -255,56 +225,48 @@ class Model:
         """A model from hand-written numba kernels (the escape hatch).
 
         For right-hand sides tracing cannot express (large discretised PDEs,
-        table look-ups). Each kernel must be a module-level ``numba.njit``
-        function of an importable module (not ``__main__``), with the
+        table look-ups). Each kernel is a ``numba.njit`` function with the
         contract's signature: ``rhs_into(du, u, p, t, ws)``,
         ``vjp_into(ubar, pbar, lam, u, p, t, ws)`` (ubar written, pbar added
         to), optionally ``jac_into(J, u, p, t, ws)`` and
         ``paramjac_into(Jp, u, p, t, ws)``; missing ones are computed from
-        `vjp_into`, one reverse pass per state. Use ``cache=True`` on them
-        so that a second process compiles nothing.
+        `vjp_into`, one reverse pass per state. They are wrapped into
+        C-callable functions once per process (a second or so; numba cannot
+        cache a wrapper around a user's function). Methods that need second
+        derivatives (`Rodas5` with the discrete adjoint, forward sensitivities
+        or backsolve) are not available for such a model.
 
         Parameters
         ----------
         states, params : sequence of str
             Names; the flat parameter vector has ``len(params)`` entries.
         observables : dict of str -> callable, optional
-            Traced as in `Model`.
+            Traced as in `Model` (no networks).
         ws_size : int
             Scratch the kernels need: they get ``ws[:ws_size]``.
         autonomous : bool
             True if f does not depend on t (lets stiff solvers skip df/dt).
         name : str, optional
-            For messages and the generated module's title.
+            For messages.
         """
+        from ._hatch import wrap_kernels
+
         states, params, _, observables = cls._check(states, params, None, observables)
         if isinstance(ws_size, bool) or not isinstance(ws_size, (int, np.integer)) \
                 or ws_size < 0:
             raise ValueError(f"from_kernels: `ws_size` must be an int >= 0, got {ws_size!r}")
-        given = {"rhs_into": rhs_into, "vjp_into": vjp_into, "jac_into": jac_into,
-                 "paramjac_into": paramjac_into}
-        imports, provenance = [], []
-        for kname, fn in given.items():
-            if fn is None:
-                continue
-            mod, fname = _importable_kernel(kname, fn)
-            imports.append(f"from {mod.__name__} import {fname} as {kname}\n")
-            provenance.append(f"{kname}: {mod.__name__}.{fname} "
-                              f"{hashlib.sha256(Path(mod.__file__).read_bytes()).hexdigest()[:16]}")
-        n, n_params = len(states), len(params)
-        jac, pjac, extra = kg.from_vjp_kernels(n, n_params, int(ws_size))
-        u, p = kg._symbols("u", n), kg._symbols("p", n_params)
-        obs = [trace_observable(k, g, states, params) for k, g in observables.items()]
-        total = int(ws_size) + extra
-        parts = [kg.model_constants(n, n_params, len(obs), total, autonomous)]
-        parts += [jac] if jac_into is None else []
-        parts += [pjac] if paramjac_into is None else []
-        parts += kg.observable_kernels(obs, u, p)
+        given, keep, total = wrap_kernels(
+            {"rhs": rhs_into, "vjp": vjp_into, "jac": jac_into, "paramjac": paramjac_into},
+            len(states), len(params), int(ws_size))
+        sets = {}
+        if observables:
+            obs = trace_observables(observables, states, params, {})
+            sets["g"] = KernelSet(obs, {}, len(params))
         name = name or getattr(rhs_into, "__name__", "kernels")
-        source = kg.assemble(f"Model `{name}` from kernels", cls._provenance(name) + provenance,
-                             "\n\n".join(parts), _templates(), imports="".join(imports))
         self = cls.__new__(cls)
-        self._finish(name, states, params, {}, tuple(observables), n_params, total, source)
+        self._finish(name, states, params, {}, tuple(observables), len(params),
+                     Assembly(sets, total, autonomous, given))
+        self._hatch = keep  # the compiled wrappers, alive as long as the model
         return self
 
     # ---------------------------------------------------------- properties
@@ -342,14 +304,10 @@ class Model:
         return self._obs_names
 
     @property
-    def module(self):
-        """The generated module with the compiled kernels and solver loops."""
-        return self._module
-
-    @property
     def source(self):
-        """The text of the generated module."""
-        return self._source
+        """Every kernel of the model rendered as Python (a numba module; the compiled
+        code is the same syntax trees printed as LLVM IR)."""
+        return self._asm.source(f"Model `{self._name}`")
 
     @property
     def ws_size(self):
@@ -360,9 +318,36 @@ class Model:
         """Where each mechanistic parameter and each network lives in the flat vector."""
         return dict(self._slices)
 
+    def has_kernel(self, name):
+        """Whether the model can provide kernel ``name`` (``"hvp"``, ``"obs"``, ...)."""
+        return self._asm.has(name)
+
+    def kernel_table(self, *needs):
+        """The int64 kernel table the compiled loops read, with the kernels named in
+        ``needs`` (``"rhs"``, ``"jac"``, ``"paramjac"``, ``"vjp"``, ``"hvp"``,
+        ``"obs"``, ``"obs_vjp"``) compiled."""
+        for n in needs:
+            if not self._asm.has(n):
+                raise ValueError(self._missing(n))
+        return self._asm.kernel_table(needs)
+
+    def _missing(self, n):
+        if n in ("obs", "obs_vjp"):
+            return f"{self!r} has no observables"
+        return (f"{self!r} has no `{n}` kernel (a model from hand-written kernels has no "
+                "second derivatives)")
+
+    def initial_table(self, fn):
+        """``(kernel table, trace)`` for problems whose initial values are ``fn(p, nets)``
+        (traced; problems with the same traced initial values share their kernels)."""
+        trace = trace_initial(fn, self._states, self._params, self._nets)
+        specs, n_params = self._net_specs(self._nets, len(self._params))
+        key = (trace.exprs, tuple((c.net, c.inputs, c.outputs) for c in trace.calls))
+        return self._asm.initial(key, lambda: KernelSet(trace, specs, n_params)), trace
+
     def workspace(self, dtype=np.float64):
         """A zeroed scratch vector for the kernels (one per thread)."""
-        return np.zeros(self._ws_size, dtype=dtype)
+        return np.zeros(max(self._ws_size, 1), dtype=dtype)
 
     def __repr__(self):
         nets = "".join(f", {k}={c!r}" for k, c in self._nets.items())
@@ -422,7 +407,7 @@ class Model:
         return ParamViews(theta, self._slices, set(self._params))
 
     # ------------------------------------------------------ Python helpers
-    # Allocating conveniences for users and tests; solvers call the kernels.
+    # Allocating conveniences for users and tests; the compiled loops call the kernels.
 
     def _args(self, u, p):
         return _vector("u", u, self.n_states), _vector("p", p, self._n_params)
@@ -433,25 +418,28 @@ class Model:
             ws = self._local.ws = self.workspace()
         return ws
 
+    def _call(self, name, arrays, t):
+        call(self.kernel_table(name), name, arrays, t, self._ws())
+
     def rhs(self, u, p, t=0.0):
         """du/dt at (u, p, t), shape (n_states,)."""
         u, p = self._args(u, p)
         du = np.empty(self.n_states)
-        self._module.rhs_into(du, u, p, float(t), self._ws())
+        self._call("rhs", (du, u, p), t)
         return du
 
     def jac(self, u, p, t=0.0):
         """df/du, shape (n_states, n_states)."""
         u, p = self._args(u, p)
         J = np.empty((self.n_states, self.n_states))
-        self._module.jac_into(J, u, p, float(t), self._ws())
+        self._call("jac", (J, u, p), t)
         return J
 
     def paramjac(self, u, p, t=0.0):
         """df/dp, shape (n_states, n_params)."""
         u, p = self._args(u, p)
         Jp = np.empty((self.n_states, self._n_params))
-        self._module.paramjac_into(Jp, u, p, float(t), self._ws())
+        self._call("paramjac", (Jp, u, p), t)
         return Jp
 
     def vjp(self, lam, u, p, t=0.0):
@@ -459,36 +447,23 @@ class Model:
         u, p = self._args(u, p)
         lam = _vector("lam", lam, self.n_states)
         ubar, pbar = np.empty(self.n_states), np.zeros(self._n_params)
-        self._module.vjp_into(ubar, pbar, lam, u, p, float(t), self._ws())
+        self._call("vjp", (ubar, pbar, lam, u, p), t)
+        return ubar, pbar
+
+    def hvp(self, lam, v, u, p, t=0.0):
+        """The gradient of lam^T (df/du) v over u and over p: shapes (n_states,), (n_params,)."""
+        u, p = self._args(u, p)
+        lam, v = _vector("lam", lam, self.n_states), _vector("v", v, self.n_states)
+        ubar, pbar = np.empty(self.n_states), np.zeros(self._n_params)
+        self._call("hvp", (ubar, pbar, lam, v, u, p), t)
         return ubar, pbar
 
     def observe(self, u, p, t=0.0):
         """The observables at (u, p, t), shape (n_obs,)."""
         u, p = self._args(u, p)
         y = np.empty(self.n_obs)
-        self._module.obs_into(y, u, p, float(t), self._ws())
+        self._call("obs", (y, u, p), t)
         return y
-
-
-def _importable_kernel(kname, fn):
-    """(module, name) of a module-level numba function, or a clear error."""
-    if not isinstance(fn, numba.core.registry.CPUDispatcher):
-        raise TypeError(f"from_kernels: `{kname}` must be a numba.njit function, got {fn!r}")
-    modname, fname = fn.__module__, fn.__name__
-    if modname == "__main__" or modname is None:
-        raise ValueError(f"from_kernels: `{kname}` ({fname}) is defined in __main__; define "
-                         "it in a module file that can be imported, so the generated module "
-                         "can import it (and numba can cache it)")
-    try:
-        mod = importlib.import_module(modname)
-    except ImportError as e:
-        raise ValueError(f"from_kernels: `{kname}`: cannot import its module {modname!r} "
-                         f"({e})") from None
-    if getattr(mod, fname, None) is not fn or getattr(mod, "__file__", None) is None:
-        raise ValueError(f"from_kernels: `{kname}` must be a module-level function of an "
-                         f"importable module; {modname}.{fname} is not it (a nested or "
-                         "renamed function?)")
-    return mod, fname
 
 
 def _neural_ode(u, p, t, nets):

@@ -59,7 +59,8 @@ class NetCall:
 
 @dataclass(frozen=True)
 class Trace:
-    """A traced model: ``du[i] = exprs[i]`` in the symbols u0.., p0.., t, and net outputs."""
+    """A traced function: ``y[i] = exprs[i]`` in the symbols u0.. (states; none for
+    initial values), p0.., t, and the outputs of the recorded net calls."""
 
     exprs: tuple
     calls: tuple
@@ -615,26 +616,26 @@ class _Context:
             _active.label = self.prev
 
 
-def _as_exprs(out, states, label):
-    """The returned derivatives as sympy expressions, checked against the states."""
+def _as_exprs(out, states, label, what="derivatives"):
+    """The returned values (derivatives, initial values) as sympy expressions, one per state."""
     n = len(states)
     expected = f"one per state ({', '.join(states)})"
     if isinstance(out, (Sym, Rel)) or _lift(out) is not None:
         raise ModelError(f"{label}: returned a single value; return a list of {n} "
-                         f"derivatives, {expected}")
+                         f"{what}, {expected}")
     if not _is_sequence(out):
         shape = f" of shape {out.shape}" if isinstance(out, np.ndarray) else ""
-        raise ModelError(f"{label}: must return a list of {n} derivatives, {expected}; "
+        raise ModelError(f"{label}: must return a list of {n} {what}, {expected}; "
                          f"got {type(out).__name__}{shape}")
     if len(out) != n:
-        raise ModelError(f"{label}: returned {len(out)} derivatives for {n} states; "
+        raise ModelError(f"{label}: returned {len(out)} {what} for {n} states; "
                          f"return {expected}")
     exprs = []
     for i, v in enumerate(out):
         e = _lift(v)
         if e is None:
             kind = "a condition" if isinstance(v, Rel) else f"a {type(v).__name__}"
-            raise ModelError(f"{label}: derivative {i} ({states[i]}) is {kind}, not a number "
+            raise ModelError(f"{label}: value {i} ({states[i]}) is {kind}, not a number "
                              "or a traced expression")
         exprs.append(e)
     return tuple(exprs)
@@ -669,19 +670,44 @@ def trace_model(f, states, params, chains):
     return Trace(exprs, tuple(calls), u_sym, p_sym)
 
 
-def trace_observable(name, g, states, params):
-    """Trace an observable ``g(u, p)`` or ``g(u, p, t)`` into one expression (no nets)."""
-    if not callable(g):
-        raise TypeError(f"observable {name!r} must be a function g(u, p) or g(u, p, t), "
-                        f"got {g!r}")
-    _, where = _describe(g)
-    label = f"observable {name!r}"
-    nargs = _arity(g, (2, 3), label)
+def trace_observables(observables, states, params, chains):
+    """Trace ``{name: g}`` (each ``g(u, p)``, ``g(u, p, t)`` or ``g(u, p, t, nets)``,
+    returning one value) into one `Trace`, one expression per observable."""
     _, _, u, p = _proxies(states, params)
+    calls = []
+    exprs = []
+    for name, g in observables.items():
+        if not callable(g):
+            raise TypeError(f"observable {name!r} must be a function g(u, p), g(u, p, t) or "
+                            f"g(u, p, t, nets), got {g!r}")
+        _, where = _describe(g)
+        label = f"observable {name!r}"
+        nargs = _arity(g, (2, 3, 4), label)
+        with _Context(label, where):
+            out = g(*(u, p, Sym(T), Nets(chains, calls))[:nargs])
+        e = _lift(out)
+        if e is None:
+            raise ModelError(f"{label} (defined at {where}): must return one number or traced "
+                             f"expression, got {type(out).__name__}")
+        exprs.append(e)
+    return Trace(tuple(exprs), tuple(calls), state_symbols(len(states)),
+                 param_symbols(len(params)))
+
+
+def trace_initial(fn, states, params, chains):
+    """Trace initial values ``fn(p)`` or ``fn(p, nets)`` (a list, one per state) into a
+    `Trace` over the parameters alone (no state symbols)."""
+    if not callable(fn):
+        raise TypeError(f"`u0` must be an array or a function u0(p, nets), got {fn!r}")
+    name, where = _describe(fn)
+    label = f"initial-value function `{name}`"
+    nargs = _arity(fn, (1, 2), label)
+    p_sym = param_symbols(len(params))
+    p = Named([Sym(s) for s in p_sym], params, "parameter", other=states)
+    calls = []
     with _Context(label, where):
-        out = g(*(u, p, Sym(T))[:nargs])
-    e = _lift(out)
-    if e is None:
-        raise ModelError(f"{label} (defined at {where}): must return one number or traced "
-                         f"expression, got {type(out).__name__}")
-    return e
+        out = fn(*(p, Nets(chains, calls))[:nargs])
+    exprs = _as_exprs(out, states, f"{label} (defined at {where})", what="initial values")
+    if any(T in e.free_symbols for e in exprs):
+        raise ModelError(f"{label}: initial values cannot depend on t")
+    return Trace(exprs, tuple(calls), (), p_sym)

@@ -1,0 +1,217 @@
+"""A model's kernels as small syntax trees: statements over sympy expressions.
+
+A `Kernel` is a name, its arguments (float64 arrays, and the scalar ``t``) and a
+body of three kinds of statement:
+
+- `Assign`: ``target = value`` or ``target += value``, the target a scalar local
+  (a sympy Symbol; integer symbols are loop counters) or an array element;
+- `Loop`: ``for var in range(start, stop, step)`` with constant bounds;
+- `Note`: a comment.
+
+Values are sympy expressions in scalar symbols and array elements ``At(a, i)``
+(``a`` a Symbol naming an argument, ``i`` an integer expression). Two printers
+lower the same tree: `sciml.model.llvm` to machine code, and `python_source`
+here to readable Python, which is what `Model.source` shows and what the tests
+compile with numba as an independent reference for the machine code.
+
+Functions beyond sympy's own (see `FUNCTIONS`) are sympy Function classes here:
+`sigmoid` (the networks' logistic function) and `activation(name, k)` for a
+registered custom activation (value, derivative, second derivative).
+"""
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+import sympy
+from sympy.printing.pycode import PythonCodePrinter
+
+__all__ = ["At", "Assign", "Loop", "Note", "Kernel", "sigmoid", "activation", "python_source",
+           "real", "index", "array"]
+
+
+class At(sympy.Function):
+    """The element ``a[i]`` of the array argument named by Symbol ``a`` (a real number)."""
+
+    nargs = 2
+    is_real = True
+
+
+class sigmoid(sympy.Function):  # noqa: N801 (a sympy function, named as sympy names them)
+    """The logistic function 1 / (1 + exp(-x)), evaluated without overflow."""
+
+    nargs = 1
+    is_real = True
+
+    def fdiff(self, argindex=1):
+        s = sigmoid(self.args[0])
+        return s * (1 - s)
+
+
+_CUSTOM = {}
+
+
+def activation(name, k):
+    """The sympy function for derivative ``k`` (0 value, 1, 2) of custom activation ``name``.
+
+    Printers call the registered numba functions by their compiled addresses
+    (`sciml.model.llvm`) or by name (`python_source`).
+    """
+    key = (name, k)
+    if key not in _CUSTOM:
+        _CUSTOM[key] = type(f"act_{name}_{k}", (sympy.Function,),
+                            {"nargs": 1, "is_real": True, "activation": key})
+    return _CUSTOM[key]
+
+
+def real(name):
+    return sympy.Symbol(name, real=True)
+
+
+def index(name):
+    return sympy.Symbol(name, integer=True)
+
+
+def array(name):
+    """The Symbol naming an array argument (use with `At`)."""
+    return sympy.Symbol(name)
+
+
+@dataclass(frozen=True)
+class Assign:
+    """``target = value`` (or ``+=`` when ``add``); target: a Symbol or an `At`."""
+
+    target: sympy.Expr
+    value: sympy.Expr
+    add: bool = False
+
+
+@dataclass(frozen=True)
+class Loop:
+    """``for var in range(start, stop, step): body`` with constant bounds."""
+
+    var: sympy.Symbol
+    start: int
+    stop: int
+    body: tuple
+    step: int = 1
+
+
+@dataclass(frozen=True)
+class Note:
+    text: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel: ``name(*args)``; every argument is a float64 array except ``t``.
+
+    ``shapes`` gives, per array argument, the shape Python-side helpers allocate.
+    """
+
+    name: str
+    args: tuple
+    body: tuple
+
+    def statements(self):
+        """Every statement, loops' bodies included (depth first)."""
+        stack = list(reversed(self.body))
+        while stack:
+            s = stack.pop()
+            yield s
+            if isinstance(s, Loop):
+                stack.extend(reversed(s.body))
+
+
+SCALAR_ARGS = frozenset({"t"})
+
+# ------------------------------------------------------------------ Python printer
+
+
+class _Printer(PythonCodePrinter):
+    """Python (numba) text: `math.*` functions, exact float literals, `a[i]` elements."""
+
+    def _print_Float(self, expr):
+        v = float(expr)
+        if np.isfinite(v):
+            return repr(v)  # round-trips exactly; sympy's default prints 15 digits
+        return "math.nan" if np.isnan(v) else ("math.inf" if v > 0 else "(-math.inf)")
+
+    def _print_At(self, expr):
+        a, i = expr.args
+        return f"{a}[{self._print(i)}]"
+
+    def _print_sigmoid(self, expr):
+        return f"_sigmoid({self._print(expr.args[0])})"
+
+    def _print_tanh(self, expr):
+        return f"_tanh({self._print(expr.args[0])})"
+
+    def _print_Function(self, expr):
+        key = getattr(type(expr), "activation", None)
+        if key is not None:
+            return f"_act_{key[0]}_{key[1]}({self._print(expr.args[0])})"
+        return super()._print_Function(expr)
+
+
+_PRINTER = _Printer({"standard": "python3"})
+
+
+def text(expr):
+    return _PRINTER.doprint(expr)
+
+
+def _lines(body, depth):
+    for s in body:
+        pad = "    " * depth
+        if isinstance(s, Note):
+            yield f"{pad}# {s.text}"
+        elif isinstance(s, Assign):
+            yield f"{pad}{text(s.target)} {'+=' if s.add else '='} {text(s.value)}"
+        elif isinstance(s, Loop):
+            step = f", {s.step}" if s.step != 1 else ""
+            yield f"{pad}for {s.var} in range({s.start}, {s.stop}{step}):"
+            yield from _lines(s.body, depth + 1)
+            if not s.body:
+                yield f"{pad}    pass"
+        else:
+            raise TypeError(f"not a statement: {s!r}")
+
+
+def function_source(kernel):
+    """The text of one kernel as a numba function."""
+    lines = [f"@jit\ndef {kernel.name}({', '.join(kernel.args)}):"]
+    body = list(_lines(kernel.body, 1))
+    return "\n".join(lines + (body or ["    return"])) + "\n"
+
+
+HEADER = '''"""{title} (generated by sciml; do not edit: a rendering of the kernels' syntax trees)."""
+
+import math
+
+import numpy as np
+
+from nets.activations import sigmoid as _sigmoid
+from nets.activations import tanh as _tanh
+from sciml._jit import jit
+'''
+
+
+def python_source(title, kernels, constants=()):
+    """A Python module holding `kernels` (numba functions) and ``NAME = value`` constants."""
+    parts = [HEADER.format(title=title)]
+    custom = sorted({getattr(type(f), "activation") for k in kernels for s in k.statements()
+                     if isinstance(s, Assign) for f in s.value.atoms(sympy.Function)
+                     if getattr(type(f), "activation", None)})
+    if custom:
+        parts.append("from nets.registry import activation_function as _af\n" + "".join(
+            f"_act_{n}_{k} = _af({n!r}, {k})\n" for n, k in custom))
+    if constants:
+        parts.append("".join(f"{k} = {v!r}\n" for k, v in constants))
+    parts += [function_source(k) for k in kernels]
+    return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+def natural_key(name):
+    m = re.match(r"([a-z_]+)(\d+)$", str(name))
+    return (m.group(1), int(m.group(2))) if m else (str(name), 0)

@@ -1,0 +1,523 @@
+"""The kernels of traced functions: values and their derivatives, as statement trees.
+
+sympy does the algebra (differentiation, common subexpressions); this module
+decides what to differentiate and lays the results out as `sciml.model.code`
+kernels. A network call is an opaque node: its inputs are expressions, its
+outputs symbols, and its passes (forward, reverse, Jacobian, tangents) are
+the chain-specialised statements of `sciml.model.netcode`; the symbolic part
+supplies the derivatives of everything around it.
+
+One traced function ``y = F(u, p, t)`` (a model's right-hand side, its
+observables, or initial values of ``p``; see `sciml.model.trace.Trace`)
+gives these kernels (array arguments first, ``ws`` scratch last):
+
+===========  ===========================================  ===============================
+kernel       arguments                                    computes
+===========  ===========================================  ===============================
+values       ``(y, u, p, t, ws)``                         y = F
+vjp          ``(ubar, pbar, v, u, p, t, ws)``             ubar = v^T dF/du (written),
+                                                          pbar += v^T dF/dp
+jac          ``(J, u, p, t, ws)``                         J = dF/du (row-major)
+paramjac     ``(Jp, u, p, t, ws)``                        Jp = dF/dp (row-major)
+hvp          ``(ubar, pbar, lam, v, u, p, t, ws)``        the gradient of lam^T (dF/du) v:
+                                                          ubar written, pbar added to
+===========  ===========================================  ===============================
+
+Reverse mode through network calls: with ``x_c`` the inputs and ``z_c`` the
+outputs of call c (inputs may use earlier calls' outputs), the vjp
+differentiates ``L = v . F + sum_c xbar_c . x_c`` symbolically, treating every
+``z`` and ``xbar`` as independent symbols: ``dL/dz_c`` is the cotangent fed
+to call c's reverse pass (calls taken last to first), which returns
+``xbar_c`` and adds the net's parameter cotangent into ``pbar``; ``dL/du``
+and ``dL/dp`` are then the full ``ubar`` and mechanistic ``pbar``.
+
+Second order (hvp) is forward over reverse: the tangent of F along ``u + e v``
+is ``Fdot = dF/du v + sum_c dF/dz_c zdot_c`` with ``xdot_c`` likewise and
+``zdot_c = J_net(x_c) xdot_c``; the scalar ``S = lam . Fdot`` is a function of
+``u, p`` through symbolic parts and through *tangent* network nodes
+``(x, xdot) -> (z, zdot)``, and its gradient is the same reverse pass as the
+vjp's with those nodes (whose reverse pass uses the activations' second
+derivatives).
+
+Scratch layout (float64 offsets, fixed at generation time), per live call c::
+
+    X | Y | V | XB | JN | DX | DZ | T | XD | YD | VD | XDB | TT
+
+then LAM, UB (n each) for `paramjac`, then one net scratch buffer BUF shared
+by the calls in turn.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import sympy
+
+from . import netcode
+from .code import Assign, At, Kernel, Loop, Note, array, index, natural_key
+from .trace import T
+
+__all__ = ["NetSpec", "Kernels"]
+
+U, P, PBAR, UBAR, V, LAM, WSA = (array(n) for n in ("u", "p", "pbar", "ubar", "v", "lam", "ws"))
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """A network as the generated code sees it: its layer table and where its
+    parameters start in the model's flat vector."""
+
+    name: str
+    meta: np.ndarray
+    offset: int
+    n_params: int
+    n_in: int
+    n_out: int
+
+
+def _clean(expr):
+    """A derivative made printable: the measure-zero parts of d|x| and d sign(x) dropped."""
+    expr = expr.replace(sympy.DiracDelta, lambda *a: sympy.S.Zero)
+    expr = expr.replace(sympy.Heaviside, lambda x, *a: sympy.Piecewise((1, x > 0), (0, True)))
+    if expr.has(sympy.Derivative, sympy.Subs):
+        raise ValueError(f"cannot differentiate {expr} symbolically")
+    return expr
+
+
+def _diff(expr, sym):
+    return _clean(sympy.diff(expr, sym))
+
+
+def _free(exprs):
+    out = set()
+    for e in exprs:
+        out |= e.free_symbols
+    return out
+
+
+def _symbols(prefix, n):
+    return tuple(sympy.Symbol(f"{prefix}{i}", real=True) for i in range(n))
+
+
+def ws(i):
+    return At(WSA, i)
+
+
+class _Body:
+    """Statements of one kernel; expressions are emitted in blocks, each through `sympy.cse`."""
+
+    def __init__(self):
+        self.stmts = []
+        self.used = set()
+        self._temps = sympy.numbered_symbols("s", real=True)
+
+    def add(self, *stmts):
+        for s in stmts:
+            self.stmts.append(s)
+            self._note_used(s)
+
+    def _note_used(self, s):
+        if isinstance(s, Assign):
+            self.used |= s.value.free_symbols
+        elif isinstance(s, Loop):
+            for b in s.body:
+                self._note_used(b)
+
+    def extend(self, stmts):
+        self.add(*stmts)
+
+    def assign(self, items):
+        """items: (target, expression, add); zero increments are dropped."""
+        items = [it for it in items if not (it[2] and it[1] == 0)]
+        if not items:
+            return
+        repl, reduced = sympy.cse([e for _, e, _ in items], symbols=self._temps, order="none")
+        for s, e in repl:
+            self.add(Assign(s, e))
+        for (target, _, add), e in zip(items, reduced):
+            self.add(Assign(target, e, add))
+
+    def kernel(self, name, args, loads):
+        """The kernel with the loads (symbol -> array element) it reads, first."""
+        order = sorted((s for s in self.used if s in loads), key=lambda s: natural_key(s))
+        head = [Assign(s, loads[s]) for s in order]
+        return Kernel(name, tuple(args), tuple(head + self.stmts))
+
+
+def _loads(arr, symbols):
+    return {s: At(arr, i) for i, s in enumerate(symbols)}
+
+
+@dataclass
+class _Node:
+    """A network call in a kernel: its inputs (expressions), outputs (symbols) and the
+    scratch slots of each group (a plain call has one group, a tangent call two)."""
+
+    call: object
+    inputs: tuple  # one tuple of expressions per group
+    outputs: tuple  # one tuple of symbols per group
+    tangent: bool
+
+    @property
+    def index(self):
+        return self.call.index
+
+
+class Kernels:
+    """Kernels of one traced function (`sciml.model.trace.Trace`).
+
+    Parameters
+    ----------
+    traced : Trace
+        Outputs, network calls, and the input symbols ``u`` (may be empty) and ``p``.
+    nets : dict of str -> NetSpec
+    n_params : int
+        Length of the flat parameter vector (mechanistic + nets).
+    """
+
+    def __init__(self, traced, nets, n_params):
+        self.F = traced.exprs
+        self.u, self.p = traced.u, traced.p
+        self.n, self.n_mech, self.n_params = len(traced.u), len(traced.p), n_params
+        self.m = len(self.F)
+        self.nets = nets
+        self.gen = {k: netcode.NetGen(s.meta, s.offset) for k, s in nets.items()}
+        self.live = self._live_calls(traced.calls)
+        self._layout()
+        self.base_loads = {**_loads(U, self.u), **_loads(P, self.p)}
+
+    # ----------------------------------------------------------- analysis
+
+    def _live_calls(self, calls):
+        """Calls whose outputs reach the outputs (directly or through later calls)."""
+        need = _free(self.F)
+        live = []
+        for c in reversed(calls):
+            if need & set(c.outputs):
+                live.append(c)
+                need |= _free(c.inputs)
+        return tuple(reversed(live))
+
+    @property
+    def autonomous(self):
+        return T not in _free(self.F) | _free(e for c in self.live for e in c.inputs)
+
+    def _layout(self):
+        n, off = self.n, 0
+        self.slot = {}
+        for c in self.live:
+            g = self.gen[c.net]
+            ni, no = g.n_in, g.n_out
+            sizes = dict(X=ni, Y=no, V=no, XB=ni, JN=no * ni, DX=ni * max(n, 1),
+                         DZ=no * max(n, 1), T=g.tape_size, XD=ni, YD=no, VD=no, XDB=ni,
+                         TT=g.tangent_tape_size)
+            slot = {}
+            for key, size in sizes.items():
+                slot[key] = off
+                off += size
+            self.slot[c.index] = slot
+        self.LAM, self.UB = off, off + self.m
+        off += self.m + max(n, 1)
+        off = (off + 7) // 8 * 8  # the nets' scratch starts on a 64-byte boundary
+        self.BUF = off
+        self.ws_size = off + max((self.gen[c.net].scratch_size for c in self.live), default=0)
+
+    def _forward_needs(self, exprs, inputs_of=()):
+        """(calls whose inputs must be computed, calls whose outputs must be computed, symbols).
+
+        `exprs` are what the kernel evaluates; `inputs_of` calls whose input
+        values a net pass needs.
+        """
+        syms = _free(exprs)
+        for c in inputs_of:
+            syms |= _free(c.inputs)
+        fwd = set()
+        for c in reversed(self.live):
+            if syms & set(c.outputs):
+                fwd.add(c.index)
+                syms |= _free(c.inputs)
+        need_in = fwd | {c.index for c in inputs_of}
+        return need_in, fwd, syms
+
+    # ------------------------------------------------------------ emitters
+
+    def _inputs(self, body, c, key="X", exprs=None):
+        base = self.slot[c.index][key]
+        body.assign([(ws(base + k), e, False) for k, e in enumerate(exprs or c.inputs)])
+
+    def _forward(self, body, c, syms, need_d=False):
+        """The call's outputs into Y_c (and its tape into T_c, with derivatives if
+        `need_d`); output symbols in `syms` loaded."""
+        slot = self.slot[c.index]
+        body.add(Note(f"net {c.net}, call {c.index}: forward"))
+        body.extend(self.gen[c.net].forward(slot["T"], slot["X"], slot["Y"], need_d))
+        for k, z in enumerate(c.outputs):
+            if z in syms:
+                body.add(Assign(z, ws(slot["Y"] + k)))
+
+    def _forward_phase(self, body, need_in, fwd, syms, taped=frozenset()):
+        """Inputs and forwards in call order; `taped` calls run with derivatives on their
+        tape, for a reverse or tangent pass later."""
+        for c in self.live:
+            if c.index in need_in:
+                self._inputs(body, c)
+            if c.index in fwd or c.index in taped:
+                self._forward(body, c, syms, need_d=c.index in taped)
+
+    # ------------------------------------------------------------- reverse
+
+    def _reverse_exprs(self, L0, nodes):
+        """Symbolic reverse pass of the scalar L0 through `nodes` (last to first).
+
+        Returns (xbar symbols per node and group, [(node, cotangents per group)] of the
+        nodes that get a nonzero cotangent, dL/du, dL/dp mechanistic).
+        """
+        xb = {nd.index: tuple(_symbols(f"xb{g}_{nd.index}_", len(ins))
+                              for g, ins in enumerate(nd.inputs)) for nd in nodes}
+        L = L0
+        for nd in nodes:
+            for syms, ins in zip(xb[nd.index], nd.inputs):
+                L += sum((b * x for b, x in zip(syms, ins)), sympy.S.Zero)
+        zero, active = {}, []
+        for nd in reversed(nodes):
+            cot = tuple(tuple(_diff(L, z).subs(zero) for z in outs) for outs in nd.outputs)
+            if all(e == 0 for grp in cot for e in grp):
+                zero.update({b: 0 for grp in xb[nd.index] for b in grp})
+            else:
+                active.append((nd, cot))
+        ubar = [_diff(L, s).subs(zero) for s in self.u]
+        pbar = [_diff(L, s).subs(zero) for s in self.p]
+        return xb, active, ubar, pbar
+
+    def _reverse(self, body, xb, active, ubar, pbar, syms, ubar_at, pbar_at):
+        """ubar and pbar (mechanistic) after the forward phase; ``ubar_at(j)`` and
+        ``pbar_at(j)`` are the targets; nets add their parameter cotangents at
+        ``pbar_at(offset)`` onwards."""
+        for nd, cot in active:
+            c, slot = nd.call, self.slot[nd.index]
+            g = self.gen[c.net]
+            base_arr, base = pbar_at(0).args
+            want = any(b in syms for grp in xb[nd.index] for b in grp)
+            if not nd.tangent:
+                body.assign([(ws(slot["V"] + o), e, False) for o, e in enumerate(cot[0])])
+                body.add(Note(f"net {c.net}, call {c.index}: reverse"))
+                body.extend(_with_pbar(g.backward(slot["T"], slot["X"], slot["Y"], slot["V"],
+                                                  slot["XB"], self.BUF, want), base_arr, base))
+                outs = [(slot["XB"], xb[nd.index][0])]
+            else:
+                body.assign([(ws(slot["V"] + o), e, False) for o, e in enumerate(cot[0])]
+                            + [(ws(slot["VD"] + o), e, False) for o, e in enumerate(cot[1])])
+                body.add(Note(f"net {c.net}, call {c.index}: tangent reverse"))
+                body.extend(_with_pbar(g.tangent_backward(
+                    slot["TT"], slot["X"], slot["XD"], slot["V"], slot["VD"], slot["XB"],
+                    slot["XDB"], self.BUF, want), base_arr, base))
+                outs = [(slot["XB"], xb[nd.index][0]), (slot["XDB"], xb[nd.index][1])]
+            for off, grp in outs:
+                for k, b in enumerate(grp):
+                    if b in syms:
+                        body.add(Assign(b, ws(off + k)))
+        body.assign([(ubar_at(j), e, False) for j, e in enumerate(ubar)]
+                    + [(pbar_at(j), e, True) for j, e in enumerate(pbar)])
+
+    def _vjp_parts(self, v):
+        nodes = [_Node(c, (c.inputs,), (c.outputs,), False) for c in self.live]
+        L0 = sum((a * f for a, f in zip(v, self.F)), sympy.S.Zero)
+        xb, active, ubar, pbar = self._reverse_exprs(L0, nodes)
+        exprs = [e for _, cot in active for grp in cot for e in grp] + ubar + pbar
+        need_in, fwd, syms = self._forward_needs(exprs, [nd.call for nd, _ in active])
+        taped = frozenset(nd.index for nd, _ in active)
+        return xb, active, ubar, pbar, (need_in, fwd, syms, taped)
+
+    # ------------------------------------------------------------- kernels
+
+    def values(self, name):
+        """``name(y, u, p, t, ws)``: y = F."""
+        body = _Body()
+        need_in, fwd, syms = self._forward_needs(self.F)
+        self._forward_phase(body, need_in, fwd, syms)
+        Y = array("y")
+        body.assign([(At(Y, i), e, False) for i, e in enumerate(self.F)])
+        return body.kernel(name, ["y", "u", "p", "t", "ws"], self.base_loads)
+
+    def vjp(self, name):
+        """``name(ubar, pbar, v, u, p, t, ws)``: ubar = v^T dF/du written, pbar += v^T dF/dp."""
+        v = _symbols("v", self.m)
+        xb, active, ubar, pbar, (need_in, fwd, syms, taped) = self._vjp_parts(v)
+        body = _Body()
+        self._forward_phase(body, need_in, fwd, syms, taped)
+        self._reverse(body, xb, active, ubar, pbar, syms, lambda j: At(UBAR, j),
+                      lambda j: At(PBAR, j))
+        loads = {**self.base_loads, **_loads(V, v)}
+        return body.kernel(name, ["ubar", "pbar", "v", "u", "p", "t", "ws"], loads)
+
+    def jac(self, name):
+        """``name(J, u, p, t, ws)``: J = dF/du, (m, n) row-major, written whole."""
+        n = self.n
+        dXdu, dXdz, has_du = {}, {}, {}
+        for c in self.live:
+            dXdu[c.index] = [[_diff(x, s) for s in self.u] for x in c.inputs]
+            nested = []
+            for k, x in enumerate(c.inputs):
+                for c2 in self.live:
+                    if c2.index < c.index and has_du[c2.index]:
+                        for o, z in enumerate(c2.outputs):
+                            if z in x.free_symbols:
+                                nested.append((k, c2, o, _diff(x, z)))
+            dXdz[c.index] = [t for t in nested if t[3] != 0]
+            has_du[c.index] = bool(dXdz[c.index]) or any(e != 0 for r in dXdu[c.index]
+                                                         for e in r)
+        dFdu = [[_diff(f, s) for s in self.u] for f in self.F]
+        dFdz = [(i, c, o, _diff(f, z)) for i, f in enumerate(self.F) for c in self.live
+                if has_du[c.index] for o, z in enumerate(c.outputs) if z in f.free_symbols]
+        dFdz = [t for t in dFdz if t[3] != 0]
+        relevant = {c.index for _, c, _, _ in dFdz}
+        for c in reversed(self.live):
+            if c.index in relevant:
+                relevant |= {c2.index for _, c2, _, _ in dXdz[c.index]}
+        jcalls = [c for c in self.live if c.index in relevant]
+
+        exprs = [e for row in dFdu for e in row] + [t[3] for t in dFdz]
+        for c in jcalls:
+            exprs += [e for row in dXdu[c.index] for e in row] + [t[3] for t in dXdz[c.index]]
+        need_in, fwd, syms = self._forward_needs(exprs, jcalls)
+        body = _Body()
+        for c in self.live:
+            taped = c.index in relevant
+            if c.index in need_in:
+                self._inputs(body, c)
+            if c.index in fwd or taped:
+                self._forward(body, c, syms, need_d=taped)
+            if c.index in relevant:
+                self._jac_call(body, c, dXdu[c.index], dXdz[c.index])
+        J = array("J")
+        items = [(At(J, i * n + j), e, False) for i, row in enumerate(dFdu)
+                 for j, e in enumerate(row)]
+        bs = _symbols("_b", len(dFdz))
+        items += [(b, e, False) for b, (_, _, _, e) in zip(bs, dFdz)]
+        body.assign(items)
+        jj = index("j")
+        for b, (i, c, o, _) in zip(bs, dFdz):
+            dz = self.slot[c.index]["DZ"] + o * n
+            body.add(Loop(jj, 0, n, (Assign(At(J, i * n + jj), b * ws(dz + jj), add=True),)))
+        return body.kernel(name, ["J", "u", "p", "t", "ws"], self.base_loads)
+
+    def _jac_call(self, body, c, dXdu, dXdz):
+        """DZ_c = (net Jacobian) @ (total dX_c/du), with dX_c/du through earlier nets."""
+        n = self.n
+        g = self.gen[c.net]
+        slot = self.slot[c.index]
+        body.add(Note(f"net {c.net}, call {c.index}: Jacobian"))
+        body.extend(g.jacobian(slot["T"], slot["JN"], self.BUF))
+        DX, JN, DZ = slot["DX"], slot["JN"], slot["DZ"]
+        q, j, o, k = index("q"), index("j"), index("o"), index("k")
+        body.add(Loop(q, DX, DX + g.n_in * n, (Assign(ws(q), sympy.S.Zero),)))
+        items = [(ws(DX + kk * n + jj), e, False) for kk, row in enumerate(dXdu)
+                 for jj, e in enumerate(row) if e != 0]
+        aa = _symbols(f"_a{c.index}_", len(dXdz))
+        items += [(a, t[3], False) for a, t in zip(aa, dXdz)]
+        body.assign(items)
+        for a, (kk, c2, o2, _) in zip(aa, dXdz):
+            dz2 = self.slot[c2.index]["DZ"] + o2 * n
+            body.add(Loop(j, 0, n, (Assign(ws(DX + kk * n + j), a * ws(dz2 + j), add=True),)))
+        acc = sympy.Symbol("_acc", real=True)
+        body.add(Loop(o, 0, g.n_out, (Loop(j, 0, n, (
+            Assign(acc, sympy.S.Zero),
+            Loop(k, 0, g.n_in, (Assign(acc, ws(JN + o * g.n_in + k) * ws(DX + k * n + j),
+                                       add=True),)),
+            Assign(ws(DZ + o * n + j), acc))),)))
+
+    def paramjac(self, name):
+        """``name(Jp, u, p, t, ws)``: Jp = dF/dp, (m, n_params) row-major, written whole."""
+        args = ["Jp", "u", "p", "t", "ws"]
+        Jp = array("Jp")
+        npar = self.n_params
+        body = _Body()
+        if not self.live:
+            body.assign([(At(Jp, i * npar + j), _diff(f, s), False) for i, f in enumerate(self.F)
+                         for j, s in enumerate(self.p)])
+            return body.kernel(name, args, self.base_loads)
+        # Row i is the vjp with v = e_i: the nets' parameter columns come from their reverse
+        # passes, so one reverse pass per output covers every column. The forward phase
+        # (nets with their tapes) runs once; the reverse pass runs in a loop over the rows,
+        # reading v from ws[LAM:LAM+m].
+        v = _symbols("v", self.m)
+        xb, active, ubar, pbar, (need_in, fwd, syms, taped) = self._vjp_parts(v)
+        self._forward_phase(body, need_in, fwd, syms, taped)
+        i, k = index("i"), index("k")
+        body.add(Loop(k, 0, self.m * npar, (Assign(At(Jp, k), sympy.S.Zero),)))
+        rev = _Body()
+        rev._temps = body._temps  # one numbering: temporaries never collide
+        rev.extend([Assign(ws(self.LAM + kk), sympy.Piecewise((1.0, sympy.Eq(i, kk)),
+                                                              (0.0, True)))
+                    for kk in range(self.m)])
+        rev.extend([Assign(s, ws(self.LAM + kk)) for kk, s in enumerate(v) if s in _free(
+            [e for _, cot in active for grp in cot for e in grp] + ubar + pbar)])
+        self._reverse(rev, xb, active, ubar, pbar, syms, lambda jj: ws(self.UB + jj),
+                      lambda jj: At(Jp, i * npar + jj))
+        body.add(Loop(i, 0, self.m, tuple(rev.stmts)))
+        body.used -= set(v)  # read from ws inside the loop, not from an argument
+        return body.kernel(name, args, self.base_loads)
+
+    def hvp(self, name):
+        """``name(ubar, pbar, lam, v, u, p, t, ws)``: the gradient over (u, p) of
+        lam^T (dF/du) v; ubar written, pbar added to."""
+        lam, vv = _symbols("lam", self.m), _symbols("v", self.n)
+        zd = {c.index: _symbols(f"zd{c.index}_", len(c.outputs)) for c in self.live}
+        outs = {z: (c.index, o) for c in self.live for o, z in enumerate(c.outputs)}
+
+        def tangent(e):
+            d = sum((_diff(e, s) * a for s, a in zip(self.u, vv)), sympy.S.Zero)
+            for z in e.free_symbols & outs.keys():
+                ci, o = outs[z]
+                d += _diff(e, z) * zd[ci][o]
+            return d
+
+        nodes = [_Node(c, (c.inputs, tuple(tangent(x) for x in c.inputs)),
+                       (c.outputs, zd[c.index]), True) for c in self.live]
+        S = sum((a * tangent(f) for a, f in zip(lam, self.F)), sympy.S.Zero)
+        xb, active, ubar, pbar = self._reverse_exprs(S, nodes)
+        exprs = [e for _, cot in active for grp in cot for e in grp] + ubar + pbar
+        # forward phase: inputs, input tangents and the tangent passes of every call the
+        # reverse pass or the expressions need, in call order
+        syms = _free(exprs) | {s for nd, _ in active for grp in nd.inputs for e in grp
+                               for s in e.free_symbols}
+        need = set()
+        for nd in reversed(nodes):
+            if syms & (set(nd.outputs[0]) | set(nd.outputs[1])) or any(
+                    a[0] is nd for a in active):
+                need.add(nd.index)
+                syms |= {s for grp in nd.inputs for e in grp for s in e.free_symbols}
+        body = _Body()
+        for nd in nodes:
+            if nd.index not in need:
+                continue
+            c, slot = nd.call, self.slot[nd.index]
+            self._inputs(body, c)
+            self._inputs(body, c, "XD", nd.inputs[1])
+            body.add(Note(f"net {c.net}, call {c.index}: tangent forward"))
+            body.extend(self.gen[c.net].tangent_forward(slot["TT"], slot["X"], slot["XD"],
+                                                        slot["Y"], slot["YD"]))
+            for k, z in enumerate(c.outputs):
+                if z in syms:
+                    body.add(Assign(z, ws(slot["Y"] + k)))
+            for k, z in enumerate(zd[c.index]):
+                if z in syms:
+                    body.add(Assign(z, ws(slot["YD"] + k)))
+        self._reverse(body, xb, active, ubar, pbar, syms, lambda j: At(UBAR, j),
+                      lambda j: At(PBAR, j))
+        loads = {**self.base_loads, **_loads(LAM, lam), **_loads(V, vv)}
+        return body.kernel(name, ["ubar", "pbar", "lam", "v", "u", "p", "t", "ws"], loads)
+
+
+def _with_pbar(stmts, arr, base):
+    """Net statements with their ``pbar[...]`` updates retargeted to ``arr[base + ...]``."""
+    if arr == PBAR and base == 0:
+        return stmts
+
+    def fix(s):
+        if isinstance(s, Loop):
+            return Loop(s.var, s.start, s.stop, tuple(fix(b) for b in s.body), s.step)
+        if isinstance(s, Assign) and isinstance(s.target, At) and s.target.args[0] == PBAR:
+            return Assign(At(arr, base + s.target.args[1]), s.value, s.add)
+        return s
+
+    return [fix(s) for s in stmts]

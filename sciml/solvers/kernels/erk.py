@@ -1,0 +1,338 @@
+"""The explicit Runge-Kutta step and the one loop every explicit integration runs.
+
+`erk_step` (the stages, the new state and its error estimate) and `erk_interp`
+(the method's interpolant on a step) are the only ERK arithmetic in the
+package: the forward solve, forward sensitivities and every continuous
+adjoint integrate their system with `erk_integrate`, and the discrete adjoint
+(`adjoints.kernels.discrete`) rebuilds stage inputs with `erk_stage_input`.
+
+The tableau (`structs.ERKTableau`) is data: flat ``A`` (s x s) and ``P``
+(s x d), ``b`` and ``e`` over the step's own stages (``len(b)``), so the same
+code serves arrays (one compiled loop for all tableaus) and tuples of
+constants (the lean entry points of `entries`, where LLVM folds the
+coefficients).
+
+Output inside a step (save times, stored steps) comes from the step's stages;
+interpolants with extra stages (Vern7) get those only for steps that need
+them; `store_eval` computes and keeps them on demand for the rest.
+"""
+
+import numpy as np
+
+from sciml._jit import borrow, jit, keep_alive
+
+from .control import (
+    DT_UNDERFLOW,
+    LOG_ERR0,
+    MAX_STEPS,
+    NEED_STORAGE,
+    NONFINITE,
+    SUCCESS,
+    all_finite,
+    err_norm,
+    hinit,
+    hmin,
+    next_step,
+    reject_factor,
+    step_to,
+)
+from .structs import S_NACC, S_NFEV, S_NREJ, S_NSAVE
+from .system import sys_accept, sys_event, sys_f, sys_interpolates
+
+# ------------------------------------------------------------------ the step
+
+
+@jit(inline="always")
+def erk_stage_input(tab, out, z, h, K, i):
+    """``out = z + h * sum_{j<i} A[i, j] K[j]``: the input of stage ``i``."""
+    s = len(tab.c)
+    A = tab.A
+    for m in range(z.shape[0]):
+        acc = 0.0
+        for j in range(i):
+            acc += A[i * s + j] * K[j, m]
+        out[m] = z[m] + h * acc
+
+
+@jit(inline="always")
+def erk_stages(sys, tab, K, z, t, h, k, first, last, tmp):
+    """Stages ``first .. last-1``: ``K[i] = f(t + c_i h, stage input i)``; rows below
+    ``first`` already filled; tmp (nz,) scratch. Returns the evaluations made."""
+    for i in range(first, last):
+        erk_stage_input(tab, tmp, z, h, K, i)
+        sys_f(sys, K[i], tmp, t + tab.c[i] * h, k)
+    return last - first
+
+
+@jit(inline="always")
+def erk_combine(tab, znew, err, z, h, K):
+    """``znew = z + h sum_i b_i K[i]`` and the error estimate ``err = h sum_i e_i K[i]``."""
+    b, e = tab.b, tab.e
+    for m in range(z.shape[0]):
+        acc = 0.0
+        ee = 0.0
+        for i in range(len(b)):
+            acc += b[i] * K[i, m]
+            ee += e[i] * K[i, m]
+        znew[m] = z[m] + h * acc
+        err[m] = h * ee
+
+
+@jit(inline="always")
+def erk_step(sys, tab, K, z, znew, err, t, h, k, tmp):
+    """One step of size ``h`` from ``(t, z)`` with ``K[0] = f(t, z)`` given: the other
+    stages, ``znew`` and ``err``. Returns the evaluations made."""
+    n = erk_stages(sys, tab, K, z, t, h, k, 1, len(tab.b), tmp)
+    erk_combine(tab, znew, err, z, h, K)
+    return n
+
+
+@jit(inline="always")
+def erk_weight(tab, i, theta):
+    """Interpolant weight of stage ``i`` at ``theta``: ``sum_j P[i, j] theta**(j + 1)``."""
+    s = len(tab.c)
+    d = len(tab.P) // s
+    w = 0.0
+    for j in range(d - 1, -1, -1):
+        w = w * theta + tab.P[i * d + j]
+    return w * theta
+
+
+@jit(inline="always")
+def erk_interp(tab, out, theta, h, z, K, w):
+    """The interpolant on one step: ``out = z + h * sum_i b_i(theta) K[i]`` (all stages);
+    ``w`` (s,) scratch for the weights (one pass over the states after them)."""
+    s = len(tab.c)
+    for i in range(s):
+        w[i] = erk_weight(tab, i, theta) * h
+    for m in range(out.shape[0]):
+        acc = z[m]
+        for i in range(s):
+            acc += w[i] * K[i, m]
+        out[m] = acc
+
+
+# ------------------------------------------------------------------ the loop
+
+
+@jit(inline="always")
+def _copy(rows, r, z):
+    """``rows[r] = z`` (a plain loop: numba's slice assignment costs more at this size)."""
+    for m in range(z.shape[0]):
+        rows[r, m] = z[m]
+
+
+@jit
+def erk_integrate(sys, tab, ctl, stops, z, rec):
+    """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with an explicit RK method.
+
+    Lands on every stop (the step before one is shortened to end on it) and
+    calls ``sys_event`` there; fixed steps of ``ctl.h0`` when not adaptive.
+    ``z`` is the state in and out. Records into ``rec`` (`structs.Record`);
+    when its every-step or per-step storage is full the loop stops with
+    NEED_STORAGE (the caller reruns with more: `structs.solve_with_storage`).
+
+    Returns
+    -------
+    (status, t) : a status code of `control` and the time reached
+    """
+    nz = z.shape[0]
+    s = len(tab.b)
+    s_all = len(tab.c)
+    own = np.zeros((s_all + 3) * nz + s_all)  # stages, znew, err, tmp, interpolant weights
+    buf = borrow(own)  # views of it are not reference-counted (see sciml._jit)
+    K = buf[:s_all * nz].reshape((s_all, nz))
+    o = s_all * nz
+    znew = buf[o:o + nz]
+    err = buf[o + nz:o + 2 * nz]
+    tmp = buf[o + 2 * nz:o + 3 * nz]
+    wts = buf[o + 3 * nz:]
+    save_t, save_z, all_t = rec.save_t, rec.save_z, rec.all_t
+    d_t, d_z, d_k, d_have, d_seg = rec.d_t, rec.d_z, rec.d_k, rec.d_have, rec.d_seg
+    every, dense = rec.every, rec.dense
+    nseg = stops.shape[0] - 1
+    t = stops[0]
+    sys_event(sys, z, 0)
+    ns = save_t.shape[0]
+    sp = 0
+    nsave = 0
+    if every:
+        all_t[0] = t
+        _copy(save_z, 0, z)
+        nsave = 1
+    else:
+        while sp < ns and save_t[sp] <= t:
+            _copy(save_z, sp, z)
+            sp += 1
+    if dense:
+        d_t[0] = t
+        _copy(d_z, 0, z)
+    sys_f(sys, K[0], z, t, 0)
+    nfev = 1
+    nacc = 0
+    nrej = 0
+    status = SUCCESS
+    if not all_finite(K[0]):
+        status = NONFINITE
+        nseg = 0  # skip the loop
+    h = ctl.h0
+    if ctl.adaptive and not h > 0.0:
+        h = hinit(sys, ctl, z, K[0], t, 0, tab.order, stops[stops.shape[0] - 1] - t, tmp, err)
+        nfev += 1
+    log_prev = LOG_ERR0
+    rejected = False
+    nonfinite = False
+    k = 0
+    while k < nseg:
+        if nacc + nrej >= ctl.max_steps:
+            status = MAX_STEPS
+            break
+        if (every and nsave >= all_t.shape[0]) or (dense and nacc >= d_k.shape[0]):
+            status = NEED_STORAGE
+            break
+        h_try, lands = step_to(t, h, stops[k + 1])
+        t_new = stops[k + 1] if lands else t + h_try
+        if not t_new > t:  # the step no longer moves t
+            status = NONFINITE if nonfinite else DT_UNDERFLOW
+            break
+        nfev += erk_step(sys, tab, K, z, znew, err, t, h_try, k, tmp)
+        if ctl.adaptive:
+            en = err_norm(ctl, err, z, znew)
+            finite = all_finite(znew) and en == en
+            if not (finite and en <= 1.0):
+                nrej += 1
+                rejected = True
+                nonfinite = not finite
+                h = h_try * reject_factor(ctl, en if finite else np.inf)
+                if h < hmin(t):
+                    status = NONFINITE if nonfinite else DT_UNDERFLOW
+                    break
+                continue
+            h_next, log_prev = next_step(ctl, en, log_prev, h_try, h, rejected, lands)
+        else:
+            if not all_finite(znew):
+                status = NONFINITE
+                break
+            h_next = ctl.h0
+        nacc += 1
+        # ---- accepted: the system's own work, then output inside the step
+        have_extra = False
+        want = not every and sp < ns and save_t[sp] < t_new
+        if s_all > s and (want or sys_interpolates(sys)):
+            nfev += erk_stages(sys, tab, K, z, t, h_try, k, s, s_all, tmp)
+            have_extra = True
+        nfev += sys_accept(sys, tab, t, h_try, z, znew, K, k)
+        while want and sp < ns and save_t[sp] < t_new:
+            erk_interp(tab, save_z[sp], (save_t[sp] - t) / h_try, h_try, z, K, wts)
+            sp += 1
+        if dense:
+            j = nacc - 1
+            for i in range(s_all if have_extra else s):
+                for m in range(nz):
+                    d_k[j, i, m] = K[i, m]
+            d_have[j] = 1 if have_extra else 0
+            d_seg[j] = k
+        t = t_new
+        fsal = not lands and tab.end_stage >= 0 and (tab.end_stage < s or have_extra)
+        e = tab.end_stage if fsal else 0
+        for m in range(nz):
+            z[m] = znew[m]
+            K[0, m] = K[e, m]  # the FSAL stage reused (a no-op otherwise: f is evaluated below)
+        if lands:
+            k += 1
+            jumped = sys_event(sys, z, k)
+            if k < nseg:
+                # a stop: the rate or the state may jump, so f afresh
+                sys_f(sys, K[0], z, t, k)
+                nfev += 1
+                if ctl.adaptive and jumped:
+                    h_next = min(h_next, hinit(sys, ctl, z, K[0], t, k, tab.order,
+                                               stops[nseg] - t, tmp, err))
+                    nfev += 1
+                    log_prev = LOG_ERR0
+        elif not fsal:
+            sys_f(sys, K[0], z, t, k)
+            nfev += 1
+        h = h_next
+        rejected = False
+        nonfinite = False
+        if every:
+            all_t[nsave] = t
+            _copy(save_z, nsave, z)
+            nsave += 1
+        else:
+            while sp < ns and save_t[sp] <= t:
+                _copy(save_z, sp, z)
+                sp += 1
+        if dense:
+            d_t[nacc] = t
+            _copy(d_z, nacc, z)
+    keep_alive(own)
+    st = rec.stats
+    st[S_NFEV] = nfev
+    st[S_NACC] = nacc
+    st[S_NREJ] = nrej
+    st[S_NSAVE] = nsave if every else sp
+    return status, t
+
+
+# ------------------------------------------------------------------ stored steps
+
+
+@jit(inline="always")
+def find_step(rec, n_steps, tt, k, j):
+    """The stored step holding time ``tt`` in segment ``k`` (``k < 0``: any segment,
+    right-continuous), searching from step ``j``.
+
+    Steps are matched within the segment, so a time on a stop gets the state on
+    the segment's side of it (for either method family's store).
+    """
+    d_t, d_seg = rec.d_t, rec.d_seg
+    if k < 0:
+        while j > 0 and d_t[j] > tt:
+            j -= 1
+        while j < n_steps - 1 and d_t[j + 1] <= tt:
+            j += 1
+    else:
+        while j > 0 and (d_seg[j] > k or (d_t[j] > tt and d_seg[j - 1] == k)):
+            j -= 1
+        while j < n_steps - 1 and (d_seg[j] < k or (d_seg[j + 1] == k and d_t[j + 1] < tt)):
+            j += 1
+    return j
+
+
+@jit
+def store_step(sys, tab, rec, n_steps, tt, k, j, tmp):
+    """`find_step`, with the step's extra interpolant stages computed and kept if missing."""
+    j = find_step(rec, n_steps, tt, k, j)
+    if len(tab.c) > len(tab.b) and rec.d_have[j] == 0:
+        h = rec.d_t[j + 1] - rec.d_t[j]
+        erk_stages(sys, tab, rec.d_k[j], rec.d_z[j], rec.d_t[j], h, rec.d_seg[j], len(tab.b),
+                   len(tab.c), tmp)
+        rec.d_have[j] = 1
+    return j
+
+
+@jit
+def store_at(sys, tab, rec, n_steps, out, tt, k, j, tmp):
+    """``out`` = the stored solution at ``tt`` in segment ``k`` (see `store_step`);
+    returns the step used (the next search starts there). ``tmp``: scratch of
+    ``max(nz, s)``."""
+    j = store_step(sys, tab, rec, n_steps, tt, k, j, tmp)
+    h = rec.d_t[j + 1] - rec.d_t[j]
+    erk_interp(tab, out, (tt - rec.d_t[j]) / h, h, rec.d_z[j], rec.d_k[j], tmp)
+    return j
+
+
+@jit
+def store_eval(sys, tab, rec, n_steps, tq, out, tmp):
+    """Dense output at sorted times ``tq`` (q,) into ``out`` (q, nz), right-continuous:
+    a time on a step boundary uses the later step (after events there); ``tmp``
+    scratch of ``max(nz, s)``."""
+    j = 0
+    for q in range(tq.shape[0]):
+        tt = tq[q]
+        if n_steps == 0 or tt >= rec.d_t[n_steps]:
+            out[q, :] = rec.d_z[n_steps]
+            continue
+        j = store_at(sys, tab, rec, n_steps, out[q], tt, -1, j, tmp)

@@ -1,0 +1,118 @@
+"""What differs between the method families, behind one name: interpolants and stored steps.
+
+Sensitivity loops integrate with either family and read the forward solve's
+stored steps; these helpers pick the family's code by the type of the
+tableau (`structs.ERKTableau` or `structs.RosTableau`):
+
+- ``stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp)``: the stored
+  forward solution at time ``t`` in segment ``k`` (``k < 0``: any), searching
+  from step ``j``; returns the step used;
+- ``step_interp(tab, out, theta, h, z, znew, K, w)``: a step's interpolant at
+  ``theta`` from its start ``z``, end ``znew`` and stages ``K`` (``w``: scratch
+  of ``max(nz, s + nh)``);
+- ``integrate(sys, tab, ctl, stops, z, rec)``: the family's loop;
+  `integrate_stored` runs it with per-step storage that grows until it suffices.
+"""
+
+import numpy as np
+from numba.extending import overload
+
+from sciml._jit import OPTIONS, jit
+
+from .control import NEED_STORAGE
+from .erk import erk_integrate, erk_interp, store_at
+from .ros import ros_integrate, ros_store_at
+from .structs import ERKTableau, Record, RosTableau
+
+
+def stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+    raise NotImplementedError("runs only inside compiled loops")
+
+
+def step_interp(tab, out, theta, h, z, znew, K, w):
+    raise NotImplementedError("runs only inside compiled loops")
+
+
+def _family(tab):
+    return getattr(tab, "instance_class", None)
+
+
+@overload(stored_state, jit_options=OPTIONS)
+def _ov_stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+    if _family(ftab) is ERKTableau:
+        def impl(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+            return store_at(fsys, ftab, rec, n_steps, out, t, k, j, tmp)
+        return impl
+    if _family(ftab) is RosTableau:
+        def impl(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+            return ros_store_at(rec, n_steps, out, t, k, j)
+        return impl
+
+
+@overload(step_interp, jit_options=OPTIONS, inline="always")
+def _ov_step_interp(tab, out, theta, h, z, znew, K, w):
+    if _family(tab) is ERKTableau:
+        def impl(tab, out, theta, h, z, znew, K, w):
+            erk_interp(tab, out, theta, h, z, K, w)
+        return impl
+    if _family(tab) is RosTableau:
+        def impl(tab, out, theta, h, z, znew, K, w):
+            # the step's rows D (end state, then K_j = sum_i H[j, i] K_i), then the interpolant
+            s = len(tab.c)
+            nh = len(tab.H) // s
+            th1 = 1.0 - theta
+            for m in range(out.shape[0]):
+                acc = 0.0
+                for jh in range(nh - 1, -1, -1):
+                    row = 0.0
+                    for i in range(s):
+                        row += tab.H[jh * s + i] * K[i, m]
+                    acc = row + theta * acc if jh < nh - 1 else row
+                out[m] = th1 * z[m] + theta * (znew[m] + th1 * acc)
+        return impl
+
+
+def integrate(sys, tab, ctl, stops, z, rec):
+    raise NotImplementedError("runs only inside compiled loops")
+
+
+def store_rows(tab):
+    raise NotImplementedError("runs only inside compiled loops")
+
+
+@overload(integrate, jit_options=OPTIONS)
+def _ov_integrate(sys, tab, ctl, stops, z, rec):
+    if _family(tab) is ERKTableau:
+        return lambda sys, tab, ctl, stops, z, rec: erk_integrate(sys, tab, ctl, stops, z, rec)
+    if _family(tab) is RosTableau:
+        return lambda sys, tab, ctl, stops, z, rec: ros_integrate(sys, tab, ctl, stops, z, rec)
+
+
+@overload(store_rows, jit_options=OPTIONS, inline="always")
+def _ov_store_rows(tab):
+    if _family(tab) is ERKTableau:
+        return lambda tab: len(tab.c)
+    if _family(tab) is RosTableau:
+        return lambda tab: 1 + len(tab.H) // len(tab.c)
+
+
+@jit
+def integrate_stored(sys, tab, ctl, stops, z0, save_t, cap):
+    """Integrate from ``z0`` saving at ``save_t`` and storing every step (capacity ``cap``,
+    quadrupled and the solve rerun while it is not enough).
+
+    Returns ``(status, t_end, rec, z)``: the record (`structs.Record`) and the final state.
+    """
+    nz = z0.shape[0]
+    rows = store_rows(tab)
+    cap = max(cap, 1)
+    while True:
+        z = z0.copy()
+        rec = Record(save_t, np.zeros((save_t.shape[0], nz)), False, np.zeros(0), True,
+                     np.zeros(cap + 1), np.zeros((cap + 1, nz)), np.zeros((cap, rows, nz)),
+                     np.zeros(cap, dtype=np.int8), np.zeros(cap, dtype=np.int64),
+                     np.zeros(6, dtype=np.int64))
+        status, t = integrate(sys, tab, ctl, stops, z, rec)
+        if status != NEED_STORAGE or cap > ctl.max_steps:
+            return status, t, rec, z
+        cap = 4 * cap
