@@ -1,21 +1,33 @@
-"""Benchmark 5, ``compile_latency``: time to the first gradient in a fresh process.
+"""Benchmark 5, ``compile_latency``: time to a first result for a model the process has never seen.
 
-Each case runs in a new Python process, twice: once with an empty numba cache
-(``NUMBA_CACHE_DIR`` and ``SCIML_CACHE_DIR`` pointing at a new folder: every
-kernel compiles) and once more with that folder now warm (kernels load from
-disk). The time includes the imports. Cases:
+Every case runs in new Python processes. A *new model* is a model whose
+source no earlier process has seen (each run adds a different constant to
+its right-hand side), so nothing of it can come from a cache: what a
+scientist waits for after editing a model. Rows:
 
-- ``nets``: ``nets.loss_and_grad`` of the 4-32-16-4 matrix-exponential chain
-  on 100 samples, float32 (the kernels ``train`` uses are the same ones);
-- ``ude_solve``: build the Lotka-Volterra UDE of BENCHMARKS.md item 3
-  (2 -> 5 rbf -> 5 rbf -> 5 rbf -> 2) and solve it with Tsit5 on (0, 3);
-- ``ude_grad``: the same model, its first loss + gradient (31 observations,
-  `sciml.loss_and_grad` with its default method, and with the discrete and
-  interpolating adjoints).
+- ``new model``: caches warm for everything but this model's source (a
+  first process with another model warmed them), timed inside the process
+  from ``sciml.Model(...)`` to the first ``sciml.loss_and_grad`` returning
+  (its default method), imports excluded;
+- ``new model, every method``: the same, then one gradient by each of the
+  seven methods (Tsit5), and with Rodas5 by the stiff default;
+- ``diffrax``: the same model in JAX/diffrax, timed from defining the
+  vector field to the first jitted solve and ``value_and_grad`` returning
+  (RecursiveCheckpointAdjoint, Tsit5), imports excluded;
+- ``cold``: the ``new model`` row with empty caches (the engine compiles);
+- ``nets``: ``nets.loss_and_grad`` of the 4-32-16-4 matrix-exponential chain,
+  warm and cold, imports included (its kernels are generic over chains).
 
-Run as ``python -m benchmarks.compile_latency [--json PATH]``.
+The model: the Lotka-Volterra UDE with a 2-16-16-2 tanh network, 31
+observations of both states on (0, 3), sum of squares. Each warm row is the
+median of three runs.
+
+Run as ``python -m benchmarks.compile_latency [--json PATH] [--quick]``.
 """
 
+import json
+import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,63 +35,157 @@ import time
 
 from benchmarks import _harness as H
 
-CASES = {
-    "nets": """
+_SETUP = """
+import time, json
+import numpy as np
+t_import = time.perf_counter()
+import sciml, adjoints
+from nets import Chain, Dense
+t0 = time.perf_counter()
+U = Chain(2, Dense(16, "tanh"), Dense(16, "tanh"), Dense(2))
+def f(u, p, t, nets):
+    x, y = u
+    z = nets.U(u)
+    return [p.alpha * x + z[0] + {salt!r}, -p.delta * y + z[1]]
+model = sciml.Model(f, states=["x", "y"], params=["alpha", "delta"], nets={{"U": U}})
+theta = model.init_params(seed=0, alpha=1.3, delta=1.8)
+prob = sciml.ODEProblem(model, [0.44249296, 4.6280594], (0.0, 3.0), theta)
+t = np.linspace(0.0, 3.0, 31)
+data = sciml.Data(t, np.ones((31, 2)))
+v, g = sciml.loss_and_grad(prob, data)
+marks = {{"first_gradient": time.perf_counter() - t0}}
+"""
+
+_EVERY = """
+methods = [adjoints.DiscreteAdjoint(), adjoints.InterpolatingAdjoint(),
+           adjoints.InterpolatingAdjoint(checkpointing=True), adjoints.BacksolveAdjoint(),
+           adjoints.GaussAdjoint(), adjoints.QuadratureAdjoint(), adjoints.ForwardSensitivity()]
+for m in methods:
+    sciml.loss_and_grad(prob, data, sensealg=m)
+sciml.loss_and_grad(prob, data, solver=sciml.Rodas5())
+marks["every_method"] = time.perf_counter() - t0
+"""
+
+_DIFFRAX = """
+import time, json
+import numpy as np
+import jax, jax.numpy as jnp, diffrax
+jax.config.update("jax_enable_x64", True)
+t0 = time.perf_counter()
+rng = np.random.default_rng(0)
+sizes = (2, 16, 16, 2)
+params = [(jnp.asarray(rng.uniform(-0.5, 0.5, (o, i))), jnp.zeros(o))
+          for i, o in zip(sizes[:-1], sizes[1:])]
+theta = {{"mech": jnp.array([1.3, 1.8]), "net": params}}
+def field(t, u, th):
+    z = u
+    for k, (W, b) in enumerate(th["net"]):
+        z = W @ z + b
+        if k < len(th["net"]) - 1:
+            z = jnp.tanh(z)
+    a, d = th["mech"]
+    return jnp.array([a * u[0] + z[0] + {salt!r}, -d * u[1] + z[1]])
+ts = jnp.linspace(0.0, 3.0, 31)
+term = diffrax.ODETerm(field)
+def solve(th):
+    return diffrax.diffeqsolve(term, diffrax.Tsit5(), 0.0, 3.0, None,
+                               jnp.array([0.44249296, 4.6280594]), args=th,
+                               saveat=diffrax.SaveAt(ts=ts),
+                               stepsize_controller=diffrax.PIDController(rtol=1e-6, atol=1e-6),
+                               max_steps=100_000,
+                               adjoint=diffrax.RecursiveCheckpointAdjoint()).ys
+y_obs = jnp.ones((31, 2))
+loss = jax.jit(jax.value_and_grad(lambda th: jnp.sum((solve(th) - y_obs) ** 2)))
+jax.block_until_ready(jax.jit(solve)(theta))
+jax.block_until_ready(loss(theta))
+marks = {{"first_gradient": time.perf_counter() - t0}}
+"""
+
+_NETS = """
 import numpy as np
 import nets
 chain = nets.Chain(4, nets.Dense(32, "tanh"), nets.Dense(16, "tanh"), nets.Dense(4))
 p = chain.init_params(seed=0, dtype=np.float32)
 X = np.ones((100, 4), np.float32)
 nets.loss_and_grad(chain, p, X, X)
-""",
-    "ude_solve": """
-import numpy as np
-import sciml
-from nets import Chain, Dense
-U = Chain(2, Dense(5, "rbf"), Dense(5, "rbf"), Dense(5, "rbf"), Dense(2))
-def f(u, p, t, nets):
-    x, y = u
-    z = nets.U(u)
-    return [p.alpha * x + z[0], -p.delta * y + z[1]]
-model = sciml.Model(f, states=["x", "y"], params=["alpha", "delta"], nets={"U": U})
-theta = model.init_params(seed=0, alpha=1.3, delta=1.8)
-prob = sciml.ODEProblem(model, [0.44249296, 4.6280594], (0.0, 3.0), theta)
-sciml.solve(prob, sciml.Tsit5(), saveat=np.linspace(0, 3, 31))
-""",
-}
-CASES["ude_grad"] = CASES["ude_solve"].replace("sciml.solve(prob, sciml.Tsit5(), saveat=",
-                                               "t = (") + """
-import adjoints
-data = sciml.Data(t, np.ones((31, 2)))
-for alg in (None, adjoints.DiscreteAdjoint(), adjoints.InterpolatingAdjoint()):
-    sciml.loss_and_grad(prob, data, sensealg=alg)
+marks = {}
 """
 
+_REPORT = "\nprint('MARKS ' + json.dumps(marks))\n"
 
-def first_gradient_seconds(code, cache):
-    env = dict(__import__("os").environ, NUMBA_CACHE_DIR=cache, SCIML_CACHE_DIR=cache)
+
+def _run(code, cache):
+    """(wall time of the process, its internal marks)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONHASHSEED="0")
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    return time.perf_counter() - t0
+    out = subprocess.run([sys.executable, "-c", code + _REPORT], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    wall = time.perf_counter() - t0
+    line = next(s for s in out.splitlines() if s.startswith("MARKS "))
+    return wall, json.loads(line[6:])
+
+
+class _Salt:
+    """A different constant for every run: a model source no process has seen."""
+
+    def __init__(self):
+        self.k = int(time.time() * 1000) % 1_000_000
+
+    def __call__(self):
+        self.k += 1
+        return 1e-12 * self.k
 
 
 def main(argv=None):
     args = H.make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    salt = _Salt()
     rows = []
-    print(f"{'case':10s} {'cold cache':>11s} {'warm cache':>11s}  (fresh process, with imports)")
-    for name, code in CASES.items():
-        with tempfile.TemporaryDirectory() as cache:
-            cold = first_gradient_seconds(code, cache)
-            warm = min(first_gradient_seconds(code, cache) for _ in range(3))
-        print(f"{name:10s} {cold:10.2f}s {warm:10.2f}s")
-        rows.append({"impl": name, "unit": "first gradient", "median_s": warm, "min_s": warm,
-                     "max_s": warm, "first_call_s": cold, "quality": {}})
-    if args.json:
-        import json
+    repeats = 1 if args.quick else 3
+    with tempfile.TemporaryDirectory() as cold_cache, tempfile.TemporaryDirectory() as cache:
+        # warm the engine with one model, then time models it has never seen
+        _run(_SETUP.format(salt=salt()) + _EVERY, cache)
+        new = [_run(_SETUP.format(salt=salt()), cache)[1]["first_gradient"]
+               for _ in range(repeats)]
+        every = [_run(_SETUP.format(salt=salt()) + _EVERY, cache)[1] for _ in range(repeats)]
+        cold_wall, cold = _run(_SETUP.format(salt=salt()), cold_cache)
+        try:
+            import diffrax  # noqa: F401
 
+            dfx = [_run(_DIFFRAX.format(salt=salt()), cache)[1]["first_gradient"]
+                   for _ in range(repeats)]
+        except ImportError:
+            dfx = None
+        with tempfile.TemporaryDirectory() as nets_cache:
+            nets_cold = _run(_NETS, nets_cache)[0]
+            nets_warm = min(_run(_NETS, nets_cache)[0] for _ in range(repeats))
+
+    med = statistics.median
+    table = [
+        ("new model: Model() to first gradient", med(new), "warm engine, imports excluded"),
+        ("new model, every method", med(e["every_method"] for e in every),
+         "7 methods with Tsit5, then Rodas5"),
+        ("  of which the first gradient", med(e["first_gradient"] for e in every), ""),
+        ("cold: empty caches, first gradient", cold["first_gradient"],
+         f"process wall time {cold_wall:.1f} s"),
+    ]
+    if dfx is not None:
+        table.append(("diffrax: jit solve + value_and_grad", med(dfx), "imports excluded"))
+    table += [("nets.loss_and_grad, warm (with imports)", nets_warm, ""),
+              ("nets.loss_and_grad, cold (with imports)", nets_cold, "")]
+    width = max(len(r[0]) for r in table)
+    print(f"{'case':{width}s}  {'seconds':>8s}")
+    for name, sec, note in table:
+        print(f"{name:{width}s}  {sec:8.2f}  {note}")
+        rows.append({"impl": name.strip(), "unit": "seconds", "median_s": sec, "min_s": sec,
+                     "max_s": sec, "first_call_s": sec, "quality": {}})
+    ratios = {}
+    if dfx is not None:
+        ratios["diffrax/new model"] = med(dfx) / med(new)
+        print(f"ratio diffrax / ours (new model to first gradient): {ratios['diffrax/new model']:.1f}x")
+    if args.json:
         with open(args.json, "w") as fh:
             json.dump({"bench": "compile_latency", "machine": H.machine_info(args.threads),
-                       "results": rows, "ratios": {}}, fh, indent=2)
+                       "results": rows, "ratios": ratios}, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,14 @@
-"""Activation functions: names, numba scalar kernels and a row-wise dispatcher.
+"""Activation functions: one table, every form of each activation in one row.
 
-Each activation is a pair of scalar functions of the pre-activation `z`:
-its value and its derivative. Kernels apply them to a contiguous row of a
-buffer, overwriting `z` with the value and writing the derivative beside it,
-so the backward pass is a plain multiply whatever the activation.
+`TABLE` holds one `Activation` per builtin: its name and code (part of the
+compiled kernels: append, never reorder), its numba scalar value and
+value-and-derivative (what the kernels run), its formula over a math
+namespace (what sciml prints into a model's code and differentiates for
+second derivatives), its plain numpy reference (value and derivative, for
+tests) and its JAX function (`nets.jax`). Kernels apply an activation to a
+contiguous row of a buffer (`activate_row`), overwriting `z` with the value
+and writing the derivative beside it, so the backward pass is a plain
+multiply whatever the activation.
 
 libm `tanh` is a scalar call that blocks vectorisation (~9 ns each: 50 of
 them were most of a 2-50-2 network's forward pass), so `tanh` is computed
@@ -17,18 +22,15 @@ on a dense grid), ~5x faster than libm over a row of 50.
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-from numba import types
+from numba import literal_unroll, types
 from numba.extending import overload
 
 from ._bits import bits_to_float, float_to_bits
 from ._config import jit
-
-# Codes are part of the compiled kernels: append, never reorder.
-BUILTIN = ("identity", "tanh", "sigmoid", "relu", "softplus", "gelu", "silu", "elu", "rbf")
-CODES = {name: i for i, name in enumerate(BUILTIN)}
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -129,137 +131,248 @@ def sigmoid(x):
     return e / (1.0 + e)
 
 
-@jit
-def activate_row(code, buf, zo, do, n, need_d):
-    """Apply activation `code` to buf[zo:zo+n] in place; derivative to buf[do:do+n].
 
-    The branch on `code` sits outside the element loops so each loop is a
-    straight vectorisable body.
-    """
-    z = buf[zo:zo + n]
-    d = buf[do:do + n]
-    one = buf.dtype.type(1.0)
-    if code == 0:  # identity
-        if need_d:
-            for j in range(n):
-                d[j] = one
-    elif code == 1:  # tanh
-        for j in range(n):
-            z[j] = tanh(z[j])
-        if need_d:
-            for j in range(n):
-                d[j] = one - z[j] * z[j]
-    elif code == 2:  # sigmoid
-        for j in range(n):
-            z[j] = sigmoid(z[j])
-        if need_d:
-            for j in range(n):
-                d[j] = z[j] * (one - z[j])
-    elif code == 3:  # relu
-        for j in range(n):
-            if need_d:
-                d[j] = one if z[j] > 0 else 0
-            z[j] = max(z[j], 0)
-    elif code == 4:  # softplus
-        for j in range(n):
-            x = z[j]
-            if need_d:
-                d[j] = sigmoid(x)
-            z[j] = math.log1p(math.exp(-abs(x))) + max(x, 0)
-    elif code == 5:  # gelu, tanh form (the default in JAX and Flux)
-        for j in range(n):
-            x = z[j]
-            t = tanh(_GELU_C * (x + 0.044715 * x * x * x))
-            if need_d:
-                d[j] = 0.5 * (one + t) + 0.5 * x * (one - t * t) * _GELU_C * (
-                    one + 3 * 0.044715 * x * x)
-            z[j] = 0.5 * x * (one + t)
-    elif code == 6:  # silu
-        for j in range(n):
-            x = z[j]
-            s = sigmoid(x)
-            if need_d:
-                d[j] = s * (one + x * (one - s))
-            z[j] = x * s
-    elif code == 7:  # elu, alpha = 1
-        for j in range(n):
-            x = z[j]
-            v = x if x > 0 else math.expm1(x)
-            if need_d:
-                d[j] = one if x > 0 else v + one
-            z[j] = v
-    elif code == 8:  # rbf
-        for j in range(n):
-            x = z[j]
-            v = math.exp(-x * x)
-            if need_d:
-                d[j] = -2 * x * v
-            z[j] = v
+# ---------------------------------------------------------------- the scalar kernels
+# Written for float32 and float64 alike: constants come from `_one(z)` (the type of z),
+# since a Python number would promote a float32 expression to float64.
 
 
-def reference(name, z):
-    """Plain numpy value and derivative of a builtin activation (for tests)."""
-    z = np.asarray(z, dtype=np.float64)
-    s = 1.0 / (1.0 + np.exp(-z))
-    if name == "identity":
-        return z.copy(), np.ones_like(z)
-    if name == "tanh":
-        t = np.tanh(z)
-        return t, 1 - t**2
-    if name == "sigmoid":
-        return s, s * (1 - s)
-    if name == "relu":
-        return np.maximum(z, 0), (z > 0).astype(float)
-    if name == "softplus":
-        return np.logaddexp(0, z), s
-    if name == "gelu":
-        t = np.tanh(_GELU_C * (z + 0.044715 * z**3))
-        return 0.5 * z * (1 + t), 0.5 * (1 + t) + 0.5 * z * (1 - t**2) * _GELU_C * (
-            1 + 3 * 0.044715 * z**2)
-    if name == "silu":
-        return z * s, s * (1 + z * (1 - s))
-    if name == "elu":
-        v = np.where(z > 0, z, np.expm1(np.minimum(z, 0)))
-        return v, np.where(z > 0, 1.0, v + 1)
-    if name == "rbf":
-        v = np.exp(-z**2)
-        return v, -2 * z * v
-    raise KeyError(name)
+def _one(z):
+    return 1.0
 
 
-# ---------------------------------------------------------------- formulas
-#
-# Each builtin activation as a formula over a small math namespace ``m`` (``m.tanh``,
-# ``m.sigmoid``, ``m.exp``, ``m.log1p``, ``m.expm1``, ``m.abs``, ``m.maximum``,
-# ``m.where(cond, a, b)``): ``value(z, m)`` and its derivative ``slope(z, a, m)``,
-# which may use the value ``a``. sciml prints them, with sympy as ``m``, into the
-# code of a model's networks (and differentiates ``slope`` for second derivatives);
-# they are the same expressions as `activate_row`'s.
+@overload(_one, jit_options=dict(fastmath=True, error_model="numpy"))
+def _one_overload(z):
+    if isinstance(z, types.Float) and z.bitwidth == 32:
+        one = np.float32(1.0)
+        return lambda z: one
+    return lambda z: 1.0
+
+
+@jit(inline="always")
+def _identity(z):
+    return z
+
+
+@jit(inline="always")
+def _identity_d(z):
+    return z, _one(z)
+
+
+@jit(inline="always")
+def _tanh_d(z):
+    t = tanh(z)
+    return t, _one(z) - t * t
+
+
+@jit(inline="always")
+def _sigmoid_d(z):
+    s = sigmoid(z)
+    return s, s * (_one(z) - s)
+
+
+@jit(inline="always")
+def _relu(z):
+    return max(z, _one(z) - _one(z))
+
+
+@jit(inline="always")
+def _relu_d(z):
+    one = _one(z)
+    zero = one - one
+    return max(z, zero), one if z > zero else zero
+
+
+@jit(inline="always")
+def _softplus(z):
+    return math.log1p(math.exp(-abs(z))) + max(z, _one(z) - _one(z))
+
+
+@jit(inline="always")
+def _softplus_d(z):
+    return _softplus(z), sigmoid(z)
+
+
+@jit(inline="always")
+def _gelu(z):
+    one = _one(z)
+    half = one / 2
+    t = tanh(_GELU_C * (z + 0.044715 * z * z * z))
+    return half * z * (one + t)
+
+
+@jit(inline="always")
+def _gelu_d(z):
+    one = _one(z)
+    half = one / 2
+    t = tanh(_GELU_C * (z + 0.044715 * z * z * z))
+    return half * z * (one + t), half * (one + t) + half * z * (one - t * t) * _GELU_C * (
+        one + 3 * 0.044715 * z * z)
+
+
+@jit(inline="always")
+def _silu(z):
+    return z * sigmoid(z)
+
+
+@jit(inline="always")
+def _silu_d(z):
+    s = sigmoid(z)
+    one = _one(z)
+    return z * s, s * (one + z * (one - s))
+
+
+@jit(inline="always")
+def _elu(z):
+    return z if z > 0 else math.expm1(z)
+
+
+@jit(inline="always")
+def _elu_d(z):
+    v = z if z > 0 else math.expm1(z)
+    one = _one(z)
+    return v, one if z > 0 else v + one
+
+
+@jit(inline="always")
+def _rbf(z):
+    return math.exp(-z * z)
+
+
+@jit(inline="always")
+def _rbf_d(z):
+    v = math.exp(-z * z)
+    return v, -2 * z * v
+
+
+# ---------------------------------------------------------------- the table
 
 
 class Formula(NamedTuple):
+    """An activation as a formula over a math namespace ``m`` (``m.tanh``, ``m.sigmoid``,
+    ``m.exp``, ``m.log1p``, ``m.expm1``, ``m.abs``, ``m.maximum``, ``m.where(c, a, b)``):
+    ``value(z, m)`` and its derivative ``slope(z, a, m)``, which may use the value ``a``."""
+
     value: Callable
     slope: Callable
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One activation in all its forms (see the module text).
+
+    value, value_slope : numba scalar functions ``z -> a`` and ``z -> (a, da/dz)``;
+    formula : `Formula`; reference : numpy ``z -> (a, da/dz)``;
+    jax : ``(z, jnp, nn) -> a`` (``nn`` is ``jax.nn``), differentiable by JAX with the
+    kernels' derivative at kinks (relu'(0) = 0, elu'(0) = 1).
+    """
+
+    name: str
+    code: int
+    value: Callable
+    value_slope: Callable
+    formula: Formula
+    reference: Callable
+    jax: Callable
+
+
+def _np_sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _np_gelu(z):
+    t = np.tanh(_GELU_C * (z + 0.044715 * z**3))
+    return 0.5 * z * (1 + t), 0.5 * (1 + t) + 0.5 * z * (1 - t**2) * _GELU_C * (
+        1 + 3 * 0.044715 * z**2)
+
+
+def _np_elu(z):
+    v = np.where(z > 0, z, np.expm1(np.minimum(z, 0)))
+    return v, np.where(z > 0, 1.0, v + 1)
 
 
 def _gelu_inner(z, m):
     return m.tanh(_GELU_C * (z + 0.044715 * z * z * z))
 
 
-FORMULAS = {
-    "identity": Formula(lambda z, m: z, lambda z, a, m: 1.0),
-    "tanh": Formula(lambda z, m: m.tanh(z), lambda z, a, m: 1.0 - a * a),
-    "sigmoid": Formula(lambda z, m: m.sigmoid(z), lambda z, a, m: a * (1.0 - a)),
-    "relu": Formula(lambda z, m: m.maximum(z, 0.0), lambda z, a, m: m.where(z > 0, 1.0, 0.0)),
-    "softplus": Formula(lambda z, m: m.log1p(m.exp(-m.abs(z))) + m.maximum(z, 0.0),
-                        lambda z, a, m: m.sigmoid(z)),
-    "gelu": Formula(lambda z, m: 0.5 * z * (1.0 + _gelu_inner(z, m)),
-                    lambda z, a, m: 0.5 * (1.0 + _gelu_inner(z, m)) + 0.5 * z * (
-                        1.0 - _gelu_inner(z, m) ** 2) * _GELU_C * (1.0 + 3 * 0.044715 * z * z)),
-    "silu": Formula(lambda z, m: z * m.sigmoid(z),
-                    lambda z, a, m: m.sigmoid(z) * (1.0 + z * (1.0 - m.sigmoid(z)))),
-    "elu": Formula(lambda z, m: m.where(z > 0, z, m.expm1(z)),
-                   lambda z, a, m: m.where(z > 0, 1.0, a + 1.0)),
-    "rbf": Formula(lambda z, m: m.exp(-z * z), lambda z, a, m: -2.0 * z * a),
-}
-assert tuple(FORMULAS) == BUILTIN
+TABLE = (
+    Activation("identity", 0, _identity, _identity_d,
+               Formula(lambda z, m: z, lambda z, a, m: 1.0),
+               lambda z: (z.copy(), np.ones_like(z)),
+               lambda z, jnp, nn: z),
+    Activation("tanh", 1, tanh, _tanh_d,
+               Formula(lambda z, m: m.tanh(z), lambda z, a, m: 1.0 - a * a),
+               lambda z: (np.tanh(z), 1 - np.tanh(z) ** 2),
+               lambda z, jnp, nn: jnp.tanh(z)),
+    Activation("sigmoid", 2, sigmoid, _sigmoid_d,
+               Formula(lambda z, m: m.sigmoid(z), lambda z, a, m: a * (1.0 - a)),
+               lambda z: (_np_sigmoid(z), _np_sigmoid(z) * (1 - _np_sigmoid(z))),
+               lambda z, jnp, nn: nn.sigmoid(z)),
+    Activation("relu", 3, _relu, _relu_d,
+               Formula(lambda z, m: m.maximum(z, 0.0), lambda z, a, m: m.where(z > 0, 1.0, 0.0)),
+               lambda z: (np.maximum(z, 0), (z > 0).astype(float)),
+               lambda z, jnp, nn: jnp.where(z > 0, z, jnp.zeros_like(z))),
+    Activation("softplus", 4, _softplus, _softplus_d,
+               Formula(lambda z, m: m.log1p(m.exp(-m.abs(z))) + m.maximum(z, 0.0),
+                       lambda z, a, m: m.sigmoid(z)),
+               lambda z: (np.logaddexp(0, z), _np_sigmoid(z)),
+               lambda z, jnp, nn: jnp.logaddexp(z, jnp.zeros_like(z))),
+    Activation("gelu", 5, _gelu, _gelu_d,  # the tanh form (the default in JAX and Flux)
+               Formula(lambda z, m: 0.5 * z * (1.0 + _gelu_inner(z, m)),
+                       lambda z, a, m: 0.5 * (1.0 + _gelu_inner(z, m)) + 0.5 * z * (
+                           1.0 - _gelu_inner(z, m) ** 2) * _GELU_C * (
+                               1.0 + 3 * 0.044715 * z * z)),
+               _np_gelu,
+               lambda z, jnp, nn: 0.5 * z * (1 + jnp.tanh(_GELU_C * (z + 0.044715 * z**3)))),
+    Activation("silu", 6, _silu, _silu_d,
+               Formula(lambda z, m: z * m.sigmoid(z),
+                       lambda z, a, m: m.sigmoid(z) * (1.0 + z * (1.0 - m.sigmoid(z)))),
+               lambda z: (z * _np_sigmoid(z), _np_sigmoid(z) * (1 + z * (1 - _np_sigmoid(z)))),
+               lambda z, jnp, nn: z * nn.sigmoid(z)),
+    Activation("elu", 7, _elu, _elu_d,  # alpha = 1
+               Formula(lambda z, m: m.where(z > 0, z, m.expm1(z)),
+                       lambda z, a, m: m.where(z > 0, 1.0, a + 1.0)),
+               _np_elu,
+               # expm1 only sees z <= 0 (no overflow, no NaN gradient)
+               lambda z, jnp, nn: jnp.where(z > 0, z, jnp.expm1(
+                   jnp.where(z > 0, jnp.zeros_like(z), z)))),
+    Activation("rbf", 8, _rbf, _rbf_d,
+               Formula(lambda z, m: m.exp(-z * z), lambda z, a, m: -2.0 * z * a),
+               lambda z: (np.exp(-z**2), -2 * z * np.exp(-z**2)),
+               lambda z, jnp, nn: jnp.exp(-z * z)),
+)
+assert all(a.code == i for i, a in enumerate(TABLE))
+
+BUILTIN = tuple(a.name for a in TABLE)
+CODES = {a.name: a.code for a in TABLE}
+BY_NAME = {a.name: a for a in TABLE}
+FORMULAS = {a.name: a.formula for a in TABLE}
+
+# The compiled dispatch below reads the table's numba columns.
+_KERNELS = tuple((a.code, a.value, a.value_slope) for a in TABLE)
+
+
+@jit
+def activate_row(code, buf, zo, do, n, need_d):
+    """Apply activation `code` to buf[zo:zo+n] in place; derivative to buf[do:do+n].
+
+    The branch on `code` sits outside the element loops (one loop per table
+    row, unrolled at compile time), so each loop is a straight vectorisable body.
+    """
+    for entry in literal_unroll(_KERNELS):
+        if code == entry[0]:
+            if need_d:
+                f = entry[2]
+                for j in range(n):
+                    a, d = f(buf[zo + j])
+                    buf[zo + j] = a
+                    buf[do + j] = d
+            elif code != 0:  # identity: nothing to do
+                f = entry[1]
+                for j in range(n):
+                    buf[zo + j] = f(buf[zo + j])
+
+
+def reference(name, z):
+    """Plain numpy value and derivative of a builtin activation (for tests)."""
+    return BY_NAME[name].reference(np.asarray(z, dtype=np.float64))

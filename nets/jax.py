@@ -26,19 +26,18 @@ Examples
 True
 """
 
-import math
 
 import numpy as np
 
+from . import activations as _act
 from .chain import Chain
 from .registry import is_builtin
 
 __all__ = ["apply", "params_to_pytree", "pytree_to_params", "ACTIVATIONS"]
 
-_GELU_C = math.sqrt(2.0 / math.pi)
 
-# Names of the builtin activations this module implements (see `_activation`).
-ACTIVATIONS = ("identity", "tanh", "sigmoid", "relu", "softplus", "gelu", "silu", "elu", "rbf")
+# The builtin activations (each row of `nets.activations.TABLE` has its JAX function).
+ACTIVATIONS = _act.BUILTIN
 
 
 def _jax():
@@ -51,32 +50,11 @@ def _jax():
 
 
 def _activation(name):
-    """The JAX function of a builtin activation, with the kernels' derivatives.
-
-    Branches use ``where`` on the strict comparison ``z > 0`` so that the
-    derivative at a kink is the kernels' one (relu'(0) = 0, elu'(0) = 1),
-    not the 1/2 that JAX gives for ``maximum`` / ``minimum`` at a tie.
-    """
+    """The JAX function of a builtin activation (its row of `nets.activations.TABLE`), with
+    the kernels' derivatives at kinks (relu'(0) = 0, elu'(0) = 1)."""
     jax, jnp = _jax()
-    if name == "identity":
-        return lambda z: z
-    if name == "tanh":
-        return jnp.tanh
-    if name == "sigmoid":
-        return jax.nn.sigmoid
-    if name == "relu":
-        return lambda z: jnp.where(z > 0, z, jnp.zeros_like(z))
-    if name == "softplus":
-        return lambda z: jnp.logaddexp(z, jnp.zeros_like(z))
-    if name == "gelu":  # tanh form, as the kernels
-        return lambda z: 0.5 * z * (1 + jnp.tanh(_GELU_C * (z + 0.044715 * z * z * z)))
-    if name == "silu":
-        return lambda z: z * jax.nn.sigmoid(z)
-    if name == "elu":  # alpha = 1; expm1 only sees z <= 0 (no overflow, no NaN gradient)
-        return lambda z: jnp.where(z > 0, z, jnp.expm1(jnp.where(z > 0, jnp.zeros_like(z), z)))
-    if name == "rbf":
-        return lambda z: jnp.exp(-z * z)
-    raise AssertionError(name)  # unreachable: names are checked by `_resolve`
+    fn = _act.BY_NAME[name].jax
+    return lambda z: fn(z, jnp, jax.nn)
 
 
 def _check_chain(chain, fname):

@@ -120,20 +120,22 @@ def kernels_for(activation_names):
 
 
 def _make_dispatch(custom):
-    # Generated source: one branch per custom activation, each a
-    # straight loop over the row, the builtin codes delegated.
-    env = {"builtin": activate_row, "njit": numba.njit}
-    lines = ["def activate(code, buf, zo, do, n, need_d):",
-             f"    if code < {len(BUILTIN)}:",
-             "        builtin(code, buf, zo, do, n, need_d)"]
-    for name in sorted(custom):
-        c, f, df, _ = _custom[name]
-        env[f"f{c}"], env[f"df{c}"] = f, df
-        lines += [f"    elif code == {c}:",
-                  "        for j in range(n):",
-                  "            z = buf[zo + j]",
-                  "            if need_d:",
-                  f"                buf[do + j] = df{c}(z)",
-                  f"            buf[zo + j] = f{c}(z)"]
-    exec("\n".join(lines), env)
-    return numba.njit(env["activate"])
+    """An `activate_row` that also runs the custom activations ``custom`` (names)."""
+    entries = tuple(_custom[name][:3] for name in sorted(custom))  # (code, value, derivative)
+    n_builtin = len(BUILTIN)
+
+    @numba.njit
+    def activate(code, buf, zo, do, n, need_d):
+        if code < n_builtin:
+            activate_row(code, buf, zo, do, n, need_d)
+            return
+        for entry in numba.literal_unroll(entries):
+            if code == entry[0]:
+                f, df = entry[1], entry[2]
+                for j in range(n):
+                    z = buf[zo + j]
+                    if need_d:
+                        buf[do + j] = df(z)
+                    buf[zo + j] = f(z)
+
+    return activate

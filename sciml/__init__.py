@@ -6,12 +6,11 @@ initial state, time span, parameters and doses; `solve` integrates it with
 one of the solvers (`Tsit5` by default) in one compiled loop.
 """
 
-from .model import ModelError
 from .data import Data
 from .fit import LBFGS, FitResult, FitWarning, fit
 from .gradient import loss_and_grad, loss_value
 from .losses import SSE, GaussianNLL
-from .model import Model, NeuralODE
+from .model import Model, ModelError, NeuralODE
 from .population import Population
 from .problem import Bolus, Infusion, ODEProblem
 from .solution import Solution, SolveWarning

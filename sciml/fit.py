@@ -26,8 +26,9 @@ import numpy as np
 
 from nets import LBFGS
 
+from ._validate import float_vector, positive_int, positive_number
 from .data import Data
-from .problem import ODEProblem, float_vector, problem_list
+from .problem import ODEProblem, problem_list
 
 __all__ = ["fit", "FitResult", "FitWarning", "LBFGS"]
 
@@ -172,6 +173,10 @@ class FitResult:
         return fig
 
 
+def _as_list(x, name):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
 def _plot_one(ax, prob, data, solve, solver, rtol, atol, max_steps, n_points):
     model = prob.model
     t0, tf = prob.tspan
@@ -198,10 +203,6 @@ def _plot_one(ax, prob, data, solve, solver, rtol, atol, max_steps, n_points):
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def _as_list(x, name):
-    return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
 def _check_problems(prob_or_list, data_or_list):
@@ -255,24 +256,6 @@ def _check_optimizers(optimizers):
     return list(optimizers)
 
 
-def _positive_number(name, v, allow_zero=False):
-    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (
-        v >= 0 if allow_zero else v > 0)
-    if not ok:
-        raise ValueError(f"fit: `{name}` must be a finite number {'>=' if allow_zero else '>'}"
-                         f" 0, got {v!r}")
-    return float(v)
-
-
-def _positive_int(name, v, optional=True):
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"fit: `{name}` must be a positive int{' or None' if optional else ''}"
-                         f", got {v!r}")
-    return int(v)
-
-
 def _check_params(params, probs):
     n = probs[0].model.n_params
     if params is None:
@@ -311,6 +294,8 @@ def _objective(backend, probs, datas, many, loss, solver, sensealg, rtol, atol, 
     try:
         from . import jax as sjax
     except ImportError as e:
+        if not _jax_missing(e):
+            raise  # a fault in sciml.jax or what it imports, not a missing install: as it is
         raise ImportError(f"fit: backend='jax' needs JAX and diffrax (pip install "
                           f"'sciml-nets[jax]'); importing sciml.jax failed: {e}") from e
     name = solver.name if solver is not None else "Tsit5"
@@ -321,6 +306,20 @@ def _objective(backend, probs, datas, many, loss, solver, sensealg, rtol, atol, 
         return float(val), np.asarray(g, dtype=np.float64)
 
     return fun
+
+
+_JAX_PACKAGES = ("jax", "jaxlib", "diffrax", "equinox")
+
+
+def _jax_missing(e):
+    """Whether an ImportError of ``import sciml.jax`` means that JAX or diffrax is absent
+    (or sciml.jax itself), by the module it names or the one its cause names."""
+    while isinstance(e, ImportError):
+        name = e.name or ""
+        if name == "sciml.jax" or name.split(".")[0] in _JAX_PACKAGES:
+            return True
+        e = e.__cause__
+    return False
 
 
 def _net_mask(model):
@@ -610,13 +609,13 @@ def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sen
     """
     probs, datas, many = _check_problems(prob_or_list, data_or_list)
     optimizers = _check_optimizers(optimizers)
-    rtol = _positive_number("rtol", rtol)
+    rtol = positive_number("rtol", rtol)
     if not (isinstance(atol, numbers.Real) and not isinstance(atol, bool)):
         a = np.asarray(atol, dtype=np.float64) if not isinstance(atol, str) else None
         if a is None or a.ndim != 1 or not np.all(np.isfinite(a)) or not np.all(a > 0):
             raise ValueError(f"fit: `atol` must be a number > 0 or one per state, got {atol!r}")
     else:
-        atol = _positive_number("atol", atol)
+        atol = positive_number("atol", atol)
     if objective is None:
         theta = _check_params(params, probs)
     else:
@@ -634,18 +633,18 @@ def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sen
         raise TypeError(f"fit: `progress` must be True or False, got {progress!r}")
     if backend not in ("numba", "jax"):
         raise ValueError(f"fit: `backend` must be 'numba' or 'jax', got {backend!r}")
-    patience = _positive_int("patience", patience)
-    min_delta = _positive_number("min_delta", min_delta, allow_zero=True)
+    patience = positive_int("patience", patience)
+    min_delta = positive_number("min_delta", min_delta, allow_zero=True)
     if target is not None:
         if isinstance(target, bool) or not isinstance(target, numbers.Real) \
                 or math.isnan(target):
             raise ValueError(f"fit: `target` must be a number or None, got {target!r}")
         target = float(target)
-    max_steps = _positive_int("max_steps", max_steps, optional=False)
-    threads = _positive_int("threads", threads)
+    max_steps = positive_int("max_steps", max_steps, optional=False)
+    threads = positive_int("threads", threads)
     if loss is not None and not callable(loss):
         raise TypeError(f"fit: `loss` must be a sciml loss (e.g. sciml.SSE()), got {loss!r}")
-    l2 = _positive_number("l2", l2, allow_zero=True)
+    l2 = positive_number("l2", l2, allow_zero=True)
     fun = objective or _objective(backend, probs, datas, many, loss, solver, sensealg, rtol,
                                   atol, max_steps, threads)
     pen = _penalty(l2, penalty, theta.shape[0], None if objective else probs[0].model)

@@ -14,15 +14,20 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import adjoints  # attributes read at call time: `adjoints` imports sciml's core
-
 from adjoints.kernels import backward as _lean_kernels
 
 from ._jit import Threads
+from ._validate import (
+    atol_vector,
+    check_atol,
+    check_max_steps,
+    check_rtol,
+    float_vector,
+)
 from .data import Data
 from .losses import SSE, Loss
-from .problem import ODEProblem, float_vector, problem_list
+from .problem import ODEProblem, problem_list
 from .solution import SolveWarning
-from .solve import _atol_vector, _check_atol, _check_max_steps, _check_rtol
 from .solvers import common
 from .solvers.base import Solver
 from .solvers.erk import ExplicitRK, Tsit5
@@ -177,7 +182,7 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
         return None  # the general path says what is wrong
     kern = model.kernel_table("rhs", "vjp")
     tab = solver.engine_tableau()
-    atol_v = _atol_vector(atol, prob.u0.shape[0])
+    atol_v = atol_vector(atol, prob.u0.shape[0])
     ctl = _control(solver, rtol, atol_v, dt, max_steps)
     grad = np.empty(model.n_params)
     stats = np.zeros(3, dtype=np.int64)
@@ -187,7 +192,7 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
         status, value = _lean_kernels.grad_discrete(kern, tab, ctl, *args)
     else:
         n_err = model.n_states + model.n_params if method == 1 else model.n_states
-        ctl_b = _control(solver, rtol, _atol_vector(float(np.min(atol_v)), n_err), None,
+        ctl_b = _control(solver, rtol, atol_vector(float(np.min(atol_v)), n_err), None,
                          max_steps + 200 * (obs_t.shape[0] + 2))
         if method == 1:
             status, value = _lean_kernels.grad_interp(kern, tab, ctl, ctl_b, *args)
@@ -254,7 +259,7 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
     grads, losses = np.zeros((m, npar)), np.zeros(m)
     status = np.zeros(m, dtype=np.int64)
     kern = model.kernel_table("rhs", "vjp")
-    ctl = _control(solver, rtol, _atol_vector(atol, model.n_states), dt, max_steps)
+    ctl = _control(solver, rtol, atol_vector(atol, model.n_states), dt, max_steps)
     data = (np.concatenate([d.t for d in datas]), np.concatenate([d.y_filled for d in datas]),
             np.concatenate([d.w_masked for d in datas]), cols)
     with nt:
@@ -323,8 +328,8 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
         if dt is None or isinstance(dt, bool) or not isinstance(dt, (int, float)) or dt <= 0:
             raise ValueError(f"loss_and_grad: the fixed-step {solver.name} needs `dt` > 0, got "
                              f"{dt!r}")
-    rtol = _check_rtol(rtol)
-    max_steps = _check_max_steps(max_steps)
+    rtol = check_rtol(rtol)
+    max_steps = check_max_steps(max_steps)
     theta = None
     if params is not None:
         theta = float_vector(params, model.n_params, "loss_and_grad", "params",
@@ -336,7 +341,7 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
             p.model.kernel_table("obs", "obs_vjp")
         jobs.append((adjoints._forward.Job(
             p, p.params if theta is None else theta, common.schedule(p), solver, rtol,
-            _check_atol(atol, p.model.n_states), None if dt is None else float(dt), max_steps,
+            check_atol(atol, p.model.n_states), None if dt is None else float(dt), max_steps,
             d.t), d))
     nt = Threads(threads).n
     return jobs, loss, sensealg, min(nt, len(jobs))

@@ -7,14 +7,22 @@ code in the process needs JAX's float32 default.
 
 What it builds from a model
 ---------------------------
-The model's traced sympy expressions (the right-hand side and the
-observables) are printed to ``jax.numpy`` by sympy's ``lambdify``; each
-network call is ``nets.jax.apply`` on its slice of the flat vector, so the
-translated function is the model function itself, not an approximation.
+The model's traced sympy expressions (`sciml.model.trace.Trace`: the
+right-hand side, ``model._trace``, and the observables, ``model._obs_trace``)
+are printed to ``jax.numpy`` by sympy's ``lambdify``; each network call is
+``nets.jax.apply`` on its slice of the flat vector, so the translated
+function is the model function itself, not an approximation.
 
 - `vector_field` (model) -> ``f(t, u, theta)``, du/dt as a JAX array;
 - `term` (model) -> ``diffrax.ODETerm`` whose ``args`` is ``theta``;
-- `observables` (model) -> ``g(t, u, theta)``, the observables as a (n_obs,) array.
+- `observables` (model) -> ``g(t, u, theta)``, the observables as a (n_obs,) array
+  (observables may call the networks, like the right-hand side).
+
+Initial values given as a function of the parameters (``ODEProblem(model,
+u0=lambda p, nets: [p.A0, 0.0], ...)``) are translated the same way, from
+the traced function (``prob._u0_trace``): the initial state is computed from
+``theta`` inside the solve, so gradients flow through it. Problems with the
+same traced initial values share their compiled functions.
 
 Models made with `Model.from_kernels` (numba kernels, nothing traced) cannot
 be translated: they raise a `TypeError`.
@@ -94,12 +102,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 import nets.jax as _nets_jax
 
 from . import losses as _losses
-from .model.trace import T as _T
+from ._validate import saveat_times
 from .data import Data
 from .model import Model
+from .model.trace import T as _T
 from .problem import problem_list
 from .solution import SolveWarning
-from .solve import _saveat_times
 from .solvers.common import schedule
 
 jax.config.update("jax_enable_x64", True)
@@ -166,6 +174,22 @@ class _Translated:
 
         self.observe = observe
         self.fns = {}
+        self._model_ref = weakref.ref(model)  # weak: this object is a weak-keyed cache's value
+
+    def initial(self, trace):
+        """Initial values traced from ``u0(p, nets)`` (`ODEProblem._u0_trace`) as a JAX
+        function ``u0(theta) -> (n_states,)``, built once per traced function."""
+        key = ("initial", trace)
+        fn = self.fns.get(key)
+        if fn is None:
+            f = _jax_function(trace, self._model_ref())
+            none = jnp.zeros(0, dtype=jnp.float64)  # no states: the trace is over p alone
+
+            def fn(theta):
+                return f(0.0, none, theta)
+
+            self.fns[key] = fn
+        return fn
 
 
 def _stack(values):
@@ -306,14 +330,13 @@ def _problem_arrays(prob, ts):
     bolus at ``tf``.
     """
     ts = np.asarray(ts, dtype=np.float64)
-    if prob.u0_function is not None:
-        raise NotImplementedError("sciml.jax: initial values given as a function of the "
-                                  "parameters are not translated to JAX yet; give `u0` as an "
-                                  "array, or use sciml.loss_and_grad (numba backend)")
-    n = prob.u0.shape[0]
+    n = prob.model.n_states
+    # Initial values as a function of the parameters: computed from theta inside the
+    # trajectory (`_initial`); zeros hold their place (and give the batch its size).
+    u0 = prob.u0 if prob.u0_function is None else np.zeros(n)
     if prob._plain:  # no doses, no tstops: one segment (the common case, made cheap)
         t0, tf = prob.tspan
-        return {"u0": prob.u0, "stops": np.array([t0, tf]), "rate": np.zeros((1, n)),
+        return {"u0": u0, "stops": np.array([t0, tf]), "rate": np.zeros((1, n)),
                 "bolus": np.zeros((2, n)), "ts": ts, "seg": (ts >= tf).astype(np.int32)}
     sched = schedule(prob)
     m = sched.n_segments
@@ -321,8 +344,27 @@ def _problem_arrays(prob, ts):
     np.add.at(bolus, (sched.bolus_k, sched.bolus_i), sched.bolus_a)
     seg = np.searchsorted(sched.stops, ts, side="right") - 1
     seg = np.minimum(seg, m).astype(np.int32)
-    return {"u0": prob.u0, "stops": sched.stops, "rate": sched.seg_rate, "bolus": bolus,
+    return {"u0": u0, "stops": sched.stops, "rate": sched.seg_rate, "bolus": bolus,
             "ts": ts, "seg": seg}
+
+
+def _initial_key(prob):
+    """What a compiled function depends on in a problem's initial values: None for an
+    array (data of the batch), the traced function otherwise (compared by value)."""
+    return None if prob.u0_function is None else prob._u0_trace
+
+
+def _initial(f, tr, init):
+    """``f(theta, a)`` with ``a["u0"]`` replaced by the traced initial values at theta
+    (`init`, a key of `_initial_key`), so that gradients flow through them."""
+    if init is None:
+        return f
+    u0 = tr.initial(init)
+
+    def g(theta, a):
+        return f(theta, {**a, "u0": u0(theta)})
+
+    return g
 
 
 def _make_trajectory(tr, dsolver, rtol, atol, adjoint, max_steps, steps=False):
@@ -458,9 +500,10 @@ class JaxSolution:
                 f"num_steps={self.stats['num_steps']})")
 
 
-def _solve_fn(tr, solver, rtol, atol, max_steps, shared, steps):
+def _solve_fn(tr, solver, rtol, atol, max_steps, shared, steps, init):
+    """``fn(theta, batch) -> (ys, ok, num_steps[, step ts, step ys], observables, u0)``."""
     dsolver, skey = solver
-    key = ("solve", skey, rtol, atol, max_steps, shared, steps)
+    key = ("solve", skey, rtol, atol, max_steps, shared, steps, init)
     fn = tr.fns.get(key)
     if fn is None:
         trajectory = _make_trajectory(tr, dsolver, rtol, atol,
@@ -469,9 +512,9 @@ def _solve_fn(tr, solver, rtol, atol, max_steps, shared, steps):
 
         def one(theta, a):
             out = trajectory(theta, a)
-            return out + (obs(a["ts"], out[0], theta),)
+            return out + (obs(a["ts"], out[0], theta), a["u0"])
 
-        fn = tr.fns[key] = jax.jit(_over_batch(one, shared))
+        fn = tr.fns[key] = jax.jit(_over_batch(_initial(one, tr, init), shared))
     return fn
 
 
@@ -507,23 +550,25 @@ def solve(prob, solver="Tsit5", *, rtol=1e-6, atol=1e-6, saveat=None, max_steps=
     steps = saveat is None
     items, keys = [], []
     for p in probs:
-        ts = np.zeros(0) if steps else _saveat_times(saveat, p.tspan)
+        ts = np.zeros(0) if steps else saveat_times(saveat, p.tspan)
         rt = _tolerances(rtol, atol, p.model.n_states)
         a = _problem_arrays(p, ts)
         items.append(a)
-        keys.append((id(p.model), rt, a["rate"].shape[0], ts.shape[0]))
+        keys.append((id(p.model), rt, a["rate"].shape[0], ts.shape[0], _initial_key(p)))
     for idx in _groups(keys):
         model = probs[idx[0]].model
         tr = _translated(model)
         theta, shared = _theta_spec([probs[i] for i in idx], None, model.n_params)
-        fn = _solve_fn(tr, dsolver, *keys[idx[0]][1], max_steps, shared, steps)
+        _, rt, _, _, init = keys[idx[0]]
+        fn = _solve_fn(tr, dsolver, *rt, max_steps, shared, steps, init)
         out = jax.device_get(fn(theta, _stack_arrays([items[i] for i in idx])))
         for b, i in enumerate(idx):
             ys, ok, nst = out[0][b], out[1][b], out[2][b]
-            obs = out[-1][b]
+            obs = out[-2][b]
             t = items[i]["ts"]
             if steps:
-                t, ys = _every_step(items[i], out[3][b], out[4][b])
+                a = dict(items[i], u0=out[-1][b])  # the initial state integrated
+                t, ys = _every_step(a, out[3][b], out[4][b])
                 size = out[3][b].size + 1  # the most times a solve can save: one shape
                 obs = _observe_padded(tr, t, ys, theta if shared else theta[b], size)
             sols[i] = JaxSolution(probs[i], np.asarray(t), np.asarray(ys), np.asarray(obs),
@@ -604,20 +649,21 @@ def _predict_fn(tr, trajectory, kind, cols):
     return predict
 
 
-def _grad_fn(tr, settings, kind, cols, spec, shared, reduce=True):
+def _grad_fn(tr, settings, kind, cols, spec, shared, reduce=True, init=None):
     """The jitted loss-and-gradient of a batch (spec given) or its forward-with-vjp.
 
     ``theta`` is one vector (`shared`) or one row per problem; with `reduce`
-    the per-row gradients are summed, else returned per problem.
+    the per-row gradients are summed, else returned per problem. `init`: the
+    problems' traced initial values (`_initial_key`), None for arrays.
     """
     key = ("grad", settings[0][1], settings[1], settings[2], settings[3][1], settings[4], kind,
-           cols, spec, shared, reduce)
+           cols, spec, shared, reduce, init)
     fn = tr.fns.get(key)
     if fn is not None:
         return fn
     (dsolver, _), rtol, atol, (adj, _), max_steps = settings
     trajectory = _make_trajectory(tr, dsolver, rtol, atol, adj, max_steps)
-    predict = _predict_fn(tr, trajectory, kind, cols)
+    predict = _initial(_predict_fn(tr, trajectory, kind, cols), tr, init)
 
     def gather(g):
         return jnp.sum(g, axis=0) if reduce and not shared else g
@@ -744,7 +790,8 @@ def loss_and_grad(prob, data, loss=None, solver="Tsit5", adjoint="recursive_chec
         items.append(a)
         n = p.model.n_states
         rt = tols.get(n) or tols.setdefault(n, _tolerances(rtol, atol, n))
-        keys.append((id(p.model), rt, a["rate"].shape[0], d.t.shape[0], d.kind, cols))
+        keys.append((id(p.model), rt, a["rate"].shape[0], d.t.shape[0], d.kind, cols,
+                     _initial_key(p)))
     values = np.zeros(len(probs))
     grads = [None] * len(probs) if per_problem else None
     ok = np.ones(len(probs), dtype=bool)
@@ -752,13 +799,14 @@ def loss_and_grad(prob, data, loss=None, solver="Tsit5", adjoint="recursive_chec
         model = probs[idx[0]].model
         tr = _translated(model)
         theta, shared = _theta_spec([probs[i] for i in idx], params, model.n_params)
-        _, rt, _, _, kind, cols = keys[idx[0]]
+        _, rt, _, _, kind, cols, init = keys[idx[0]]
         for row in ([theta] if shared else theta):
             spec = _loss_spec(loss, model, len(cols), row)  # also checks sigma per row
         if per_problem and shared:  # one row per problem: each gets its own gradient
             theta, shared = np.tile(theta, (len(idx), 1)), False
         settings = (dsolver, *rt, adj, max_steps)
-        fn = _grad_fn(tr, settings, kind, cols, spec, shared, reduce=not per_problem)
+        fn = _grad_fn(tr, settings, kind, cols, spec, shared, reduce=not per_problem,
+                      init=init)
         batch = _stack_arrays([items[i] for i in idx])
         batch.update(_data_arrays([datas[i] for i in idx]))
         if spec is not None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._validate import float_vector
 from .model.assembly import call
 from .solvers.kernels.calls import K_INIT, K_INIT_VJP
 
@@ -126,17 +127,6 @@ def dose_arrays(doses, states, tstops=()):
                                       np.asarray(it1, float), np.asarray(tstops, float)]))
     return DoseArrays(f64(bt, ob), i64(bi, ob), f64(ba, ob), f64(it0, oi), f64(it1, oi),
                       i64(ii, oi), f64(ir, oi), stops)
-
-
-def float_vector(value, n, where, name, expected):
-    """``value`` as a finite, C-contiguous float64 (n,) array (the same object when it
-    already is one); otherwise a ValueError naming ``where``, ``name`` and ``expected``."""
-    a = np.ascontiguousarray(value, dtype=np.float64)
-    if a.shape != (n,):
-        raise ValueError(f"{where}: `{name}` must have {expected}; got shape {a.shape}")
-    if not np.all(np.isfinite(a)):
-        raise ValueError(f"{where}: `{name}` contains NaN or Inf")
-    return a
 
 
 def problem_list(prob, who, arg="prob", empty=""):

@@ -2,9 +2,11 @@
 
 import numpy as np
 
+from ._validate import check_atol
+from .problem import ODEProblem
+from .solvers.base import DT_UNDERFLOW, MAX_STEPS, NONFINITE, STATUS_TEXT, SUCCESS
 from .solvers.kernels.lean import KEEP_TAIL
 from .solvers.kernels.observe import observe_along
-from .solvers.base import DT_UNDERFLOW, MAX_STEPS, NONFINITE, STATUS_TEXT, SUCCESS
 
 STATUS_NAMES = {SUCCESS: "success", MAX_STEPS: "max_steps", DT_UNDERFLOW: "dt_underflow",
                 NONFINITE: "nonfinite"}
@@ -76,8 +78,6 @@ class Solution:
         args = d.pop("_redo_args")
         redo = None
         if args is not None:
-            from .solve import _Redo  # (solve imports this module)
-
             redo = _Redo((d["solver"], d["prob"], u0, t, *args))
         if nsave < T:
             t, d["u"] = t[:nsave].copy(), u[:nsave].copy()
@@ -186,3 +186,23 @@ def lean_solution(prob, solver, u, keep, status, redo_args):
     if status != SUCCESS:  # stopped early: `u` holds only the times reached
         self._unpack()
     return self
+
+
+class _Redo(tuple):
+    """Re-runs a finished solve with per-step storage, for a lazy `Solution.__call__`.
+
+    ``(solver, prob, u0, saveat, rtol, atol, dt, max_steps)``, with ``u0`` a copy;
+    the solution passes its copy of the parameters, so later changes to the
+    problem's arrays do not leak in.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, params):
+        solver, prob, u0, saveat, rtol, atol, dt, max_steps = self
+        q = ODEProblem.__new__(ODEProblem)
+        q.__dict__.update(prob.__dict__)
+        object.__setattr__(q, "_u0", u0)
+        object.__setattr__(q, "_u0_fn", None)
+        atol = check_atol(atol, u0.shape[0])
+        return solver._run(q, saveat, rtol, atol, dt, max_steps, True, params=params).dense

@@ -14,8 +14,16 @@ import numba
 import numpy as np
 
 from ._jit import Threads
+from ._validate import (
+    check_atol,
+    check_dt,
+    check_max_steps,
+    check_rtol,
+    lean_atol,
+    saveat_times,
+)
 from .problem import ODEProblem, problem_list
-from .solution import Solution, SolveWarning, lean_solution
+from .solution import Solution, SolveWarning, _Redo, lean_solution
 from .solvers.base import STATUS_TEXT, SUCCESS, Solver
 from .solvers.erk import ExplicitRK, Tsit5
 
@@ -73,7 +81,7 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
             and type(max_steps) is int
             and saveat.dtype is _F64 and saveat.ndim == 1 and saveat.flags.c_contiguous
             and ((type(dt) is float and dt > 0.0) if dt is not None else solver.adaptive)
-            and (type(atol) is float or _lean_atol(atol, prob.u0.shape[0]))):
+            and (type(atol) is float or lean_atol(atol, prob.u0.shape[0]))):
         lean = solver.__dict__.get("_lean_cache")  # set by ExplicitRK._lean only
         if lean is None or lean[0] is not prob.model:
             lean = solver._lean(prob.model) if isinstance(solver, ExplicitRK) else None
@@ -109,13 +117,13 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
     """
     solver = _check_solver(solver)
     probs, many = problem_list(prob, "", empty=": nothing to solve")
-    rtol = _check_rtol(rtol)
-    atols = [_check_atol(atol, p.model.n_states) for p in probs]
-    dt = _check_dt(solver, dt)
-    max_steps = _check_max_steps(max_steps)
+    rtol = check_rtol(rtol)
+    atols = [check_atol(atol, p.model.n_states) for p in probs]
+    dt = check_dt(solver, dt)
+    max_steps = check_max_steps(max_steps)
     if dense is not None and not isinstance(dense, (bool, np.bool_)):
         raise TypeError(f"`dense` must be None, True or False, got {dense!r}")
-    saveats = [_saveat_times(saveat, p.tspan) for p in probs]
+    saveats = [saveat_times(saveat, p.tspan) for p in probs]
     store = bool(dense) if dense is not None else saveat is None
     lazy = dense is None and not store
     threads = Threads(threads)  # checked for one problem too
@@ -136,21 +144,6 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
 
 
 _F64 = np.dtype(np.float64)
-_ATOLS = {}
-
-
-def _atol_vector(atol, n):
-    """``np.full(n, atol)``, shared between calls (never written to)."""
-    key = (atol, n)
-    a = _ATOLS.get(key)
-    if a is None:
-        if len(_ATOLS) > 256:
-            _ATOLS.clear()
-        a = _ATOLS[key] = np.full(n, atol)
-        a.flags.writeable = False
-    return a
-
-
 def _entry_point(entries, loop, atol, args):
     """The compiled function for these argument types (compiled or loaded now if needed),
     remembered in ``entries`` by the type of ``atol``; ``loop`` itself without the jit."""
@@ -160,12 +153,6 @@ def _entry_point(entries, loop, atol, args):
     return entry
 
 
-def _lean_atol(atol, n):
-    """A per-state atol the lean path can pass as it is."""
-    return (type(atol) is np.ndarray and atol.dtype is _F64 and atol.shape == (n,)
-            and atol.flags.c_contiguous)
-
-
 _DEFAULT = []
 
 
@@ -173,26 +160,6 @@ def _default_solver():
     if not _DEFAULT:
         _DEFAULT.append(Tsit5())
     return _DEFAULT[0]
-
-
-class _Redo(tuple):
-    """Re-runs a finished solve with per-step storage, for a lazy `Solution.__call__`.
-
-    ``(solver, prob, u0, saveat, rtol, atol, dt, max_steps)``, with ``u0`` a copy;
-    the solution passes its copy of the parameters, so later changes to the
-    problem's arrays do not leak in.
-    """
-
-    __slots__ = ()
-
-    def __call__(self, params):
-        solver, prob, u0, saveat, rtol, atol, dt, max_steps = self
-        q = ODEProblem.__new__(ODEProblem)
-        q.__dict__.update(prob.__dict__)
-        object.__setattr__(q, "_u0", u0)
-        object.__setattr__(q, "_u0_fn", None)
-        atol = _check_atol(atol, u0.shape[0])
-        return solver._run(q, saveat, rtol, atol, dt, max_steps, True, params=params).dense
 
 
 def _warn_if_failed(sol, index, stacklevel=3):
@@ -229,9 +196,6 @@ def _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, dense, threads
     return raws
 
 
-# ---------------------------------------------------------------- argument checks
-
-
 def _check_solver(solver):
     if solver is None:
         return Tsit5()
@@ -242,81 +206,3 @@ def _check_solver(solver):
         raise TypeError(f"`solver` must be a sciml solver such as sciml.Tsit5(), "
                         f"got {solver!r}")
     return solver
-
-
-def _is_number(v):
-    return not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
-
-
-def _check_rtol(rtol):
-    if not _is_number(rtol) or not np.isfinite(rtol) or rtol <= 0:
-        raise ValueError(f"`rtol` must be a finite number > 0, got {rtol!r}")
-    if rtol < 1e-14:
-        raise ValueError(f"`rtol` = {rtol!r} is below what float64 can resolve; use "
-                         "rtol >= 1e-14")
-    return float(rtol)
-
-
-def _check_atol(atol, n):
-    if _is_number(atol) and np.isfinite(atol) and atol > 0:
-        return np.full(n, float(atol))
-    a = np.array(atol, dtype=np.float64) if _is_number(atol) or isinstance(
-        atol, (list, tuple, np.ndarray)) else None
-    if a is None or a.ndim > 1 or (a.ndim == 1 and a.shape != (n,)):
-        raise ValueError(f"`atol` must be a number or an array of shape ({n},) (one per "
-                         f"state), got {atol!r}")
-    if not np.all(np.isfinite(a)) or np.any(a <= 0):
-        raise ValueError(f"`atol` must be finite and > 0, got {atol!r}")
-    return np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)
-
-
-def _check_dt(solver, dt):
-    if dt is None:
-        if not solver.adaptive:
-            raise ValueError(f"`dt` is required: {solver!r} takes fixed steps; pass e.g. "
-                             "dt=0.01 (or use an adaptive solver such as Tsit5())")
-        return None
-    if not _is_number(dt) or not np.isfinite(dt) or dt <= 0:
-        raise ValueError(f"`dt` must be a finite number > 0, got {dt!r}")
-    return float(dt)
-
-
-def _check_max_steps(max_steps):
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) \
-            or max_steps < 1:
-        raise ValueError(f"`max_steps` must be a positive int, got {max_steps!r}")
-    return int(max_steps)
-
-
-def _saveat_times(saveat, tspan):
-    """None (every step), or the sorted float64 save times inside ``tspan``."""
-    t0, tf = tspan
-    if saveat is None:
-        return None
-    if _is_number(saveat):
-        if not np.isfinite(saveat) or saveat <= 0:
-            raise ValueError(f"`saveat` as a number is the spacing of saved times and must be "
-                             f"> 0, got {saveat!r}")
-        k = int(np.floor((tf - t0) / saveat * (1 + 1e-12)))
-        times = np.minimum(t0 + saveat * np.arange(k + 1), tf)
-        return times if times[-1] == tf else np.append(times, tf)
-    try:
-        times = np.array(saveat, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise ValueError("`saveat` must be None, a number (spacing) or a 1-D array of times, "
-                         f"got {saveat!r}") from None
-    if times.ndim != 1:
-        raise ValueError(f"`saveat` must be a 1-D array of times, got shape {times.shape}")
-    if times.size == 0 or (times[0] >= t0 and times[-1] <= tf
-                           and (times[1:] >= times[:-1]).all()):
-        return times  # sorted, inside tspan, no NaN (a NaN fails every comparison)
-    if not np.all(np.isfinite(times)):
-        raise ValueError("`saveat` contains NaN or Inf")
-    outside = (times < t0) | (times > tf)
-    if np.any(outside):
-        i = int(np.argmax(outside))
-        raise ValueError(f"`saveat` times must lie in tspan [{t0:g}, {tf:g}]; "
-                         f"saveat[{i}] = {float(times[i])!r}")
-    i = int(np.argmax(times[1:] < times[:-1]))
-    raise ValueError(f"`saveat` must be sorted (increasing): saveat[{i + 1}] = "
-                     f"{float(times[i + 1])!r} < saveat[{i}] = {float(times[i])!r}")

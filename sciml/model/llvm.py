@@ -1,4 +1,4 @@
-"""Kernels to machine code: `sciml.model.code` syntax trees printed as LLVM IR, compiled by llvmlite.
+"""Kernels to machine code: `sciml.model.code` syntax trees printed as LLVM IR (llvmlite).
 
 Why not numba for the model's own kernels: numba takes ~0.5-1 s to compile
 each one (typing, then LLVM), the whole cost of a new model. The kernels are
@@ -55,6 +55,13 @@ def _is_int(e):
     return bool(getattr(e, "is_integer", False)) and not isinstance(e, At)
 
 
+def _is_bool(e):
+    """A condition (a comparison or a logical function of them; sympy's Symbols are also
+    Booleans, so that class is not the test)."""
+    return isinstance(e, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
+                          sympy.logic.boolalg.BooleanAtom))
+
+
 class _Function:
     """One kernel being printed: the builder, argument pointers and scalar slots."""
 
@@ -77,11 +84,16 @@ class _Function:
         self._declare(kernel)
 
     def _declare(self, kernel):
-        """A stack slot per assigned scalar (and loop counter), all in the entry block."""
+        """A stack slot per assigned scalar (and loop counter), all in the entry block:
+        i64 for integers, i1 for conditions (common subexpressions may be conditions),
+        double otherwise."""
         names = {}
         for s in kernel.statements():
             if isinstance(s, Assign) and isinstance(s.target, sympy.Symbol):
-                names[s.target] = I64 if s.target.is_integer else F64
+                if _is_bool(s.value):
+                    names[s.target] = I1
+                else:
+                    names[s.target] = I64 if s.target.is_integer else F64
             elif isinstance(s, Loop):
                 names[s.var] = I64
         for sym, ty in names.items():
@@ -264,6 +276,14 @@ class _Function:
             return ir.Constant(I1, 1)
         if c == sympy.false:
             return ir.Constant(I1, 0)
+        if isinstance(c, sympy.Symbol):  # a condition kept in a temporary
+            slot = self.slots.get(c)
+            if slot is None or slot.type.pointee != I1:
+                raise LoweringError(f"{c} is not a condition")
+            return b.load(slot)
+        if isinstance(c, sympy.logic.boolalg.ITE):
+            cond, yes, no = c.args
+            return b.select(self._condition(cond), self._condition(yes), self._condition(no))
         if isinstance(c, sympy.Unequality):
             lhs, rhs = c.args
             if _is_int(lhs) and _is_int(rhs):

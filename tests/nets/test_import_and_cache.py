@@ -61,17 +61,88 @@ print(json.dumps({n: [sum(getattr(kernels, n).stats.cache_hits.values()),
         assert hits >= 1, f"{name} was not loaded from the cache: {stats}"
 
 
+def _group_locators(name):
+    return [c for c in numba.core.caching.CacheImpl._locator_classes
+            if getattr(c, "_group", None) == name]
+
+
+def _nets_imports(module, seen=None):
+    """The nets modules `module` imports, itself included, followed through relative imports."""
+    import ast
+
+    from nets import _cache
+
+    seen = set() if seen is None else seen
+    if module in seen:
+        return seen
+    seen.add(module)
+    tree = ast.parse((_cache.ROOT / f"{module}.py").read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            for m in names:
+                if (_cache.ROOT / f"{m}.py").exists():
+                    _nets_imports(m, seen)
+    return seen
+
 
 def test_nets_kernels_are_stamped_with_all_nets_sources():
     from nets import _cache, kernels
 
     locator = kernels.forward._cache._impl._locator
-    assert isinstance(locator, _cache._OwnSources)
+    assert getattr(type(locator), "_group", None) == "Nets"
     assert locator.get_source_stamp()[1] == _cache.fingerprint()
+    # the fingerprint covers every nets file the kernels are compiled from
+    assert {f"{m}.py" for m in _nets_imports("kernels")} | {"_cache.py"} <= set(_cache.SOURCES)
+    assert _cache.fingerprint() == _cache.fingerprint_of(_cache.ROOT / n for n in _cache.SOURCES)
+    # installed once per process (numba's list of locators does not grow)
+    ours = _group_locators("Nets")
+    assert len(ours) == 3
+    _cache.install()
+    assert _group_locators("Nets") == ours
     # files elsewhere keep numba's own locators
-    assert all(c.from_function(run_python, __file__) is None
-               for c in numba.core.caching.CacheImpl._locator_classes
-               if issubclass(c, _cache._OwnSources))
+    assert all(c.from_function(run_python, __file__) is None for c in ours)
+
+
+GROUP_WORK = """
+import json, sys
+from pathlib import Path
+src, other = Path(sys.argv[1]), Path(sys.argv[2])
+sys.path[:0] = [str(src), str(other)]
+from nets import _cache
+_cache.install_group("Probe", [src], lambda: (src / "stamp.txt").read_text())
+import grouped, plain
+out = []
+for mod in (grouped, plain):
+    mod.f(1.0)
+    out.append([sum(mod.f.stats.cache_hits.values()), sum(mod.f.stats.cache_misses.values()),
+                getattr(type(mod.f._cache._impl._locator), "_group", None)])
+print(json.dumps(out))
+"""
+
+KERNEL_FILE = "from numba import njit\n\n\n@njit(cache=True)\ndef f(x):\n    return x + 1.0\n"
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+def test_install_group_stamps_a_group_of_folders(tmp_path):
+    # a group's stamp is its `stamp()`: a change recompiles the group's functions only
+    src, other = tmp_path / "src", tmp_path / "other"
+    src.mkdir(), other.mkdir()
+    (src / "grouped.py").write_text(KERNEL_FILE)
+    (other / "plain.py").write_text(KERNEL_FILE)
+    (src / "stamp.txt").write_text("a")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", GROUP_WORK, str(src), str(other)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert run() == [[0, 1, "Probe"], [0, 1, None]]  # compiled; `plain` keeps numba's locator
+    assert run() == [[1, 0, "Probe"], [1, 0, None]]  # loaded
+    (src / "stamp.txt").write_text("b")
+    assert run() == [[0, 1, "Probe"], [1, 0, None]]  # the group recompiles, nothing else
 
 
 STALE_WORK = """

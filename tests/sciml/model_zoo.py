@@ -4,9 +4,12 @@ Every entry of `ZOO` is a function returning a `Case`: the model, a
 parameter vector and a state at which finite differences are safe (away
 from the switching surfaces of piecewise terms). `evaluate` runs a model
 function on plain numbers (numpy arrays and the chains' own forward): the
-independent reference for the generated `rhs_into`.
+independent reference for the compiled ``rhs`` kernel; `evaluate_observables`
+does the same for the observables (`OBSERVED`: the cases that have some,
+one of them calling a net).
 """
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,6 +54,13 @@ def pk_two_compartment(u, p, t):
 PK_OBSERVABLES = {"conc": lambda u, p: u.central / p.V,
                   "log_periph": lambda u, p, t: np.log(u.periph / p.Vp + 1e-3) + 0.0 * t}
 
+# Observables of the UDE that call its net (g(u, p, t, nets)): the learned interaction
+# itself, and a time-dependent mix of it with the states.
+UDE_OBSERVABLES = {"x": lambda u, p: u.x,
+                   "learned": lambda u, p, t, nets: nets.U(u)[1],
+                   "mixed": lambda u, p, t, nets: (p.alpha * nets.U([u.y, u.x])[0] * u.x
+                                                   + np.exp(-t) * u.y)}
+
 
 def two_nets(u, p, t, nets):
     x, y, w = u
@@ -75,6 +85,7 @@ class Case:
     u: np.ndarray
     t: float
     f: object
+    observables: dict = None  # name -> g, the reference for `evaluate_observables`
 
 
 def _net_params(model, theta, rng, scale=0.7):
@@ -97,6 +108,14 @@ def case_ude(rng):
     m = sm.Model(lv_ude, ["x", "y"], ["alpha", "delta"], nets={"U": ude_chain()})
     theta = _net_params(m, m.init_params(alpha=1.3, delta=1.8), rng)
     return Case("ude", m, theta, rng.uniform(0.2, 2.0, 2), 0.0, lv_ude)
+
+
+def case_ude_observed(rng):
+    m = sm.Model(lv_ude, ["x", "y"], ["alpha", "delta"], nets={"U": ude_chain()},
+                 observables=UDE_OBSERVABLES)
+    theta = _net_params(m, m.init_params(alpha=1.3, delta=1.8), rng)
+    return Case("ude_observed", m, theta, rng.uniform(0.2, 2.0, 2), 0.6, lv_ude,
+                UDE_OBSERVABLES)
 
 
 def spiral_chain():
@@ -124,7 +143,7 @@ def case_pk(rng):
     values = dict(zip(names, [1.2, 30.0, 12.0, 2.5, 4.0, 50.0]))
     theta = m.init_params(**values) * rng.uniform(0.8, 1.2, len(names))
     return Case("pk", m, theta, rng.uniform([50, 20, 5], [200, 80, 40]), 2.0,
-                pk_two_compartment)
+                pk_two_compartment, PK_OBSERVABLES)
 
 
 def case_two_nets(rng):
@@ -143,6 +162,8 @@ def case_neural_ode(rng):
 
 ZOO = [case_lotka_volterra, case_ude, case_spiral, case_piecewise, case_pk, case_two_nets,
        case_neural_ode]
+# The cases with observables (not all in ZOO, which other tests run whole).
+OBSERVED = [case_pk, case_ude_observed]
 
 
 # -------------------------------------------------------------- reference
@@ -174,6 +195,15 @@ class _NumericNets:
         return lambda x: chain(np.array([float(v) for v in x]), p)
 
 
+def _arguments(case, u, theta, t):
+    m = case.model
+    u = case.u if u is None else u
+    theta = case.theta if theta is None else theta
+    t = case.t if t is None else t
+    return [named(u, m.states), named(theta[:len(m.params)], m.params), t,
+            _NumericNets(m, theta)]
+
+
 def evaluate(case, u=None, theta=None, t=None):
     """The model function of `case` on numbers: du/dt as a float array."""
     m = case.model
@@ -187,3 +217,14 @@ def evaluate(case, u=None, theta=None, t=None):
     if m.nets:
         args.append(_NumericNets(m, theta))
     return np.array([float(v) for v in case.f(*args)])
+
+
+def evaluate_observables(case, u=None, theta=None, t=None):
+    """The observables of `case` on numbers, in the model's order, as a float array."""
+    args = _arguments(case, u, theta, t)
+    out = []
+    for name in case.model.obs_names:
+        g = case.observables[name]
+        n = len(inspect.signature(g).parameters)
+        out.append(float(g(*args[:n])))
+    return np.array(out)

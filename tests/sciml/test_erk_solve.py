@@ -1,5 +1,7 @@
 """The ERK loop through `sciml.solve`: accuracy, output times, counting, ensembles, allocation."""
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 import pytest
@@ -8,8 +10,10 @@ from scipy.integrate import solve_ivp
 from sciml.problem import Bolus, Infusion, ODEProblem
 from sciml.solve import solve
 from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
+from sciml.solvers.kernels import calls, erk, system
+from sciml.solvers.kernels.structs import S_NACC, S_NFEV, Model
 
-from ..alloc import Spy, allocations_in, needs_jit
+from ..alloc import allocations_in, allocs, needs_jit
 from . import handmade as hm
 
 ADAPTIVE = [Tsit5, DP5, BS3, Vern7]
@@ -201,6 +205,73 @@ def test_ensemble_storage_grows(rng):
 
 
 # ---------------------------------------------------------------- allocation
+#
+# The compiled loops are called from Python with named tuples of arrays; unboxing
+# them allocates one NRT MemInfo per array (freed on return). So one call of a loop
+# allocates (arrays in its arguments) + (its own scratch): a fixed number, whatever
+# the number of steps, save times or doses. A per-step allocation would make the
+# counts below grow with the span (see `test_measurement_sees_a_per_step_allocation`).
+
+
+def n_arrays(x):
+    """Arrays in a (nested) tuple of arguments: what unboxing them allocates."""
+    if isinstance(x, np.ndarray):
+        return 1
+    if isinstance(x, tuple):
+        return sum(n_arrays(y) for y in x)
+    return 0
+
+
+def own_allocations(fn, args):
+    """NRT allocations of one call ``fn(*args)`` from Python beyond unboxing its arrays."""
+    a0 = allocs()
+    out = fn(*args)
+    return allocs() - a0 - n_arrays(args), out
+
+
+def captured_loop(solver, prob, **kw):
+    """``sciml.solve(prob, solver, **kw)`` with the solver's compiled loop spied on:
+    ``(loop, args of its last call with the initial state)`` -- the structures exactly as
+    `Solver._run` builds them."""
+    loop = solver._loop()
+    seen = []
+
+    def spy(sys, tab, ctl, stops, z, rec):
+        seen.append((sys, tab, ctl, stops, z.copy(), rec))
+        return loop(sys, tab, ctl, stops, z, rec)
+
+    solver._loop = lambda: spy  # an instance attribute: this solver object only
+    solve(prob, solver, **kw)
+    return loop, seen[-1]
+
+
+def loop_allocations(loop, args):
+    """``(own allocations of one call of the loop, accepted steps)``, from a fresh state."""
+    sys, tab, ctl, stops, z0, rec = args
+    own, (status, _) = own_allocations(loop, (sys, tab, ctl, stops, z0.copy(), rec))
+    assert status == 0
+    return own, int(rec.stats[S_NACC])
+
+
+class Leaky(NamedTuple):
+    """A test system whose right-hand side allocates: a planted per-step allocation."""
+
+    m: Model
+
+
+def _leaky_f(sys, out, z, t, k):
+    calls.rhs(sys.m, out, z, t)
+    extra = np.zeros(1)  # an NRT allocation on every evaluation
+    out[0] += extra[0]
+
+
+def _no_event(sys, z, k):
+    return False
+
+
+system.register(Leaky, f=_leaky_f, event=_no_event, accept=system.no_accept,
+                interpolates=system.never)
+
 
 @needs_jit
 def test_measurement_sees_allocations(nrt_stats):
@@ -208,48 +279,100 @@ def test_measurement_sees_allocations(nrt_stats):
     def allocating(x):
         return np.empty(3).sum() + x[0]
 
+    @numba.njit
+    def reads(xs):
+        return xs[0][0] + xs[1][0][0] + xs[1][1]
+
     assert allocations_in(allocating, (np.ones(2),)) == (1, 1)
+    # from Python, arrays nested in tuples are unboxed one by one: `own_allocations`
+    # discounts exactly those
+    nested = ((np.ones(2), (np.ones(1), 1.0)),)
+    reads(*nested), allocating(np.ones(2))  # compiled
+    assert own_allocations(reads, nested)[0] == 0
+    assert own_allocations(allocating, (np.ones(2),))[0] == 1
+
+
+@needs_jit
+def test_measurement_sees_a_per_step_allocation(nrt_stats):
+    # The measurement below, on `erk_integrate` itself with a system that allocates in
+    # its right-hand side: the count grows with the steps (one per evaluation).
+    counts = []
+    for tf in (5.0, 20.0):
+        prob = lv_prob(tspan=(0.0, tf))
+        loop, (sys, tab, ctl, stops, z, rec) = captured_loop(Tsit5(), prob, saveat=[tf])
+        args = (Leaky(sys.m), tab, ctl, stops, z, rec)
+        loop(*args[:4], z.copy(), rec)  # compiled (or loaded) for this system first
+        own, (status, _) = own_allocations(loop, (*args[:4], z.copy(), rec))
+        assert status == 0
+        counts.append((own, int(rec.stats[S_NFEV])))  # and the evaluations
+    (short, nfev_short), (long, nfev_long) = counts
+    assert nfev_long > 3 * nfev_short
+    assert long - short == nfev_long - nfev_short
 
 
 @needs_jit
 @pytest.mark.parametrize("cls", [Tsit5, Vern7, RK4], ids=lambda c: c.__name__)
-def test_loop_allocates_nothing(cls, nrt_stats, monkeypatch):
+def test_loop_allocations_do_not_grow(cls, nrt_stats):
+    # `erk_integrate` as `sciml.solve` calls it (a dosed problem: the general path),
+    # over 1x and 4x the span (4x the steps and doses), with 31 and 301 save times,
+    # saving at given times and saving every step with dense storage
     pk = hm.pk()
-    mod = pk.module
-    counts = []
-    for days in (2, 8):  # four times the steps and doses
+    kw = dict(dt=0.05) if cls is RK4 else {}
+    counts = {}
+    for days in (2, 8):
         prob = ODEProblem(pk, [0.0, 0.0], (0.0, 24.0 * days), [1.0, 0.2, 10.0],
                           doses=[Bolus(0.0, 100.0, "depot", every=12.0, count=2 * days),
                                  Infusion(1.0, 2.0, 5.0, "central", every=24.0, count=days)])
-        spy = Spy(mod, "erk_solve", monkeypatch)
-        kw = dict(dt=0.05) if cls is RK4 else {}
-        solve(prob, cls(), saveat=np.linspace(0, 24.0 * days, 50), **kw)
-        first, per_call = allocations_in(spy.kernel, spy.args)
-        assert first == 0 and per_call == 0
-        counts.append(first)
-    assert counts[0] == counts[1] == 0
+        for ns in (31, 301):
+            loop, args = captured_loop(cls(), prob, saveat=np.linspace(0, 24.0 * days, ns),
+                                       **kw)
+            assert loop is erk.erk_integrate
+            counts[days, ns] = loop_allocations(loop, args)
+        loop, args = captured_loop(cls(), prob, dense=True, **kw)  # saveat None, stored steps
+        counts[days, "every"] = loop_allocations(loop, args)
+    steps = {key: n for key, (_, n) in counts.items()}
+    assert steps[8, 31] > 3 * steps[2, 31]
+    own = {key: a for key, (a, _) in counts.items()}
+    assert len(set(own.values())) == 1, counts
+    assert own[2, 31] <= 2  # its scratch, allocated once a call
 
 
 @needs_jit
-def test_dense_eval_allocates_nothing(nrt_stats, monkeypatch):
-    sol = solve(lv_prob(), Vern7())
-    spy = Spy(hm.lotka_volterra().module, "erk_dense_eval", monkeypatch)
-    sol(np.linspace(0, 10, 100))
-    assert allocations_in(spy.kernel, spy.args) == (0, 0)
+@pytest.mark.parametrize("cls", [Tsit5, Vern7], ids=lambda c: c.__name__)
+def test_dense_eval_allocations_do_not_grow(cls, nrt_stats):
+    # `store_eval` (sol(t)): nothing allocated per query point, Vern7's extra interpolant
+    # stages computed on demand included
+    sol = solve(lv_prob(), cls())
+    sys, tab, rec, n_steps = sol._dense
+    assert n_steps > 20
+    counts = []
+    for q in (100, 1000):
+        tq = np.linspace(0, 10, q)
+        out = np.zeros((q, 2))
+        tmp = np.zeros(max(2, cls.tableau.n_stages))
+        rec.d_have[:] = 0  # Vern7: the extra stages to be computed again (the same values)
+        own, _ = own_allocations(erk.store_eval, (sys, tab, rec, n_steps, tq, out, tmp))
+        if cls is Vern7:
+            assert rec.d_have[:n_steps].all()
+        np.testing.assert_allclose(out, sol(tq), rtol=1e-13, atol=1e-13)
+        counts.append(own)
+    assert counts == [0, 0]
 
 
 @needs_jit
-def test_ensemble_allocations_do_not_grow_with_steps(nrt_stats, monkeypatch, rng):
-    mod = hm.lotka_volterra().module
+def test_ensemble_allocations_do_not_grow_with_steps(nrt_stats):
+    # A list of problems runs `Solver._run` per problem in threads: every NRT allocation of
+    # the whole `sciml.solve` call is the loops' fixed ones, whatever the span
     counts = []
     for tf in (5.0, 40.0):
         probs = [lv_prob(tspan=(0.0, tf)) for _ in range(4)]
-        spy = Spy(mod, "erk_solve_many", monkeypatch)
-        solve(probs, Tsit5(), saveat=[tf])
-        counts.append(allocations_in(spy.kernel, spy.args))
-    # the parallel launch allocates a fixed amount; the loops nothing
-    assert counts[0] == counts[1]
-    assert counts[0][1] == 0
+        solve(probs, Tsit5(), saveat=[tf], threads=2)  # compiled (or loaded) first
+        a0 = allocs()
+        sols = solve(probs, Tsit5(), saveat=[tf], threads=2)
+        counts.append((allocs() - a0, sum(s.stats["n_accepted"] for s in sols)))
+    (short, n_short), (long, n_long) = counts
+    assert n_long > 4 * n_short
+    assert short == long
 
 
 @needs_jit
@@ -258,12 +381,19 @@ def test_lean_loop_allocations_do_not_grow_with_steps(cls, nrt_stats):
     # `sciml.solve`'s lean path: one compiled call that allocates its scratch buffers once,
     # whatever the number of steps and save times
     counts = []
+    steps = []
     for tf, ns in ((5.0, 10), (40.0, 200)):
         prob = lv_prob(tspan=(0.0, tf))
-        _, loop, tab, n, extra, _ = cls()._lean(prob.model)
+        model, entry, n, extra, _ = cls()._lean(prob.model)
+        assert model is prob.model
+        kern = model.kernel_table("rhs")
         t = np.linspace(0.0, tf, ns)
-        args = (tab, prob.u0, prob.params, t, np.empty((ns, n)), np.empty(ns + extra), 1e-6,
+        keep = np.empty(ns + extra)
+        args = (kern, prob.u0, prob.params, t, np.empty((ns, n)), keep, 1e-6,
                 0.0, tf, 1e-6, 0.0, 100_000)
-        assert loop(*args) == 0
-        counts.append(allocations_in(loop, args))
-    assert counts[0] == counts[1] and counts[0][0] <= 3
+        assert entry(*args) == 0
+        steps.append(keep[-3])  # n_accepted (the tail: t_end, nfev, nacc, nrej, nsave)
+        counts.append(allocations_in(entry, args))
+    assert steps[1] > 4 * steps[0]
+    # its scratch (floats, counters, an empty flag buffer) and the inlined loop's: once a call
+    assert counts[0] == counts[1] and counts[0][0] <= 4

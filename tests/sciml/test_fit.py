@@ -297,7 +297,9 @@ def test_l2_decays_the_network_only(ude_setup):
     value, _ = sciml.loss_and_grad(prob, data, params=res.params)
     assert res.loss == pytest.approx(value, rel=1e-9)
 
-    # the same fit with the decay written out as `penalty=`: the same path
+    # the same fit with the decay written out as `penalty=`: the same path. Not bit for
+    # bit: fit's l2 sums w @ w, `decay` np.sum(w ** 2); their last-bit differences in the
+    # loss (from about the 13th iteration) reach 1e-12 relative in L-BFGS's line searches.
     def decay(theta):
         g = np.zeros_like(theta)
         g[net] = 2.0 * l2 * theta[net]
@@ -305,8 +307,8 @@ def test_l2_decays_the_network_only(ude_setup):
 
     res2 = sciml.fit(prob, data, penalty=decay, optimizers=[nets.Adam(0.01, iters=5),
                                                             sciml.LBFGS(iters=30)], **opts)
-    np.testing.assert_allclose(res2.history, res.history, rtol=1e-12)
-    np.testing.assert_allclose(res2.params, res.params, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(res2.history, res.history, rtol=1e-9)
+    np.testing.assert_allclose(res2.params, res.params, rtol=1e-8, atol=1e-10)
     # both together add up; the weight decay shrinks the network's weights
     res3 = sciml.fit(prob, data, l2=l2, penalty=decay, optimizers=[sciml.LBFGS(iters=30)],
                      **opts)
@@ -390,6 +392,21 @@ def test_jax_backend_missing(setup, monkeypatch):
     monkeypatch.delattr(sciml, "jax", raising=False)
     with pytest.raises(ImportError, match="backend='jax' needs JAX"):
         sciml.fit(prob, data, backend="jax", **quick())
+
+
+def test_jax_backend_broken_import_is_not_disguised(setup, monkeypatch):
+    """An ImportError inside sciml.jax with JAX installed (here: a module it imports is
+    unimportable) is raised as it is, not reported as a missing JAX install."""
+    pytest.importorskip("diffrax")
+    _, prob, data = setup
+    import sciml.jax  # noqa: F401  (restored by monkeypatch below)
+
+    monkeypatch.delitem(sys.modules, "sciml.jax")  # imported afresh by fit
+    monkeypatch.delattr(sciml, "jax")
+    monkeypatch.setitem(sys.modules, "sciml.solution", None)
+    with pytest.raises(ImportError, match="sciml.solution") as info:
+        sciml.fit(prob, data, backend="jax", **quick())
+    assert "needs JAX" not in str(info.value)
 
 
 # --------------------------------------------------------------------------- arguments

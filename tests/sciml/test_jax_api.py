@@ -22,12 +22,30 @@ def test_float64_enabled():
     assert f(0.0, np.ones(2), np.ones(4)).dtype == np.float64
 
 
-@pytest.mark.parametrize("make", Z.ZOO, ids=lambda f: f.__name__[5:])
+# Every zoo model, and the UDE whose observables call its net.
+TRANSLATED = Z.ZOO + [Z.case_ude_observed]
+
+
+@pytest.mark.parametrize("make", TRANSLATED, ids=lambda f: f.__name__[5:])
+def test_translation_is_the_model_function(make, rng):
+    """The printed JAX function against the model function run on numbers (the zoo's
+    reference: numpy and the chains' own forward), observables included."""
+    case = make(rng)
+    m = case.model
+    # jitted: eager JAX dispatches (and compiles) every operation one by one, slower here
+    du = np.asarray(jax.jit(sj.vector_field(m))(case.t, case.u, case.theta))
+    np.testing.assert_allclose(du, Z.evaluate(case), rtol=1e-12, atol=1e-12)
+    obs = np.asarray(jax.jit(sj.observables(m))(case.t, case.u, case.theta))
+    assert obs.shape == (m.n_obs,)
+    if m.n_obs:
+        np.testing.assert_allclose(obs, Z.evaluate_observables(case), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", TRANSLATED, ids=lambda f: f.__name__[5:])
 def test_translation_matches_generated_kernels(make, rng):
     """The printed JAX function is the model function: rhs and observables as the kernels."""
     case = make(rng)
     m = case.model
-    # jitted: eager JAX dispatches (and compiles) every operation one by one, slower here
     du = np.asarray(jax.jit(sj.vector_field(m))(case.t, case.u, case.theta))
     np.testing.assert_allclose(du, m.rhs(case.u, case.theta, case.t), rtol=1e-13, atol=1e-13)
     obs = np.asarray(jax.jit(sj.observables(m))(case.t, case.u, case.theta))

@@ -1,8 +1,10 @@
 """The JAX/diffrax path agrees with the numba path: solutions, observables, gradients.
 
-Three models: the spiral neural ODE (BENCHMARKS.md item 2), the
-Lotka-Volterra UDE and a two-compartment PK model with an observable, a
-repeated bolus, a bolus at ``tf`` and an infusion. Solutions are compared
+Four models: the spiral neural ODE (BENCHMARKS.md item 2), the
+Lotka-Volterra UDE, a two-compartment PK model with an observable, a
+repeated bolus, a bolus at ``tf`` and an infusion, and a logistic model with
+a net whose observables call the net and whose initial values are functions
+of the parameters (``u0(p, nets)``). Solutions are compared
 at rtol = atol = 1e-10 in both paths; gradients of `sciml.jax.loss_and_grad`
 against central finite differences of losses computed from `sciml.solve`
 at rtol = atol = 1e-12 (and against `sciml.loss_and_grad`).
@@ -19,6 +21,7 @@ pytest.importorskip("diffrax")
 
 import sciml  # noqa: E402
 import sciml.jax as sj  # noqa: E402
+from nets import Chain, Dense  # noqa: E402
 from sciml.losses import SSE, GaussianNLL, Loss  # noqa: E402
 
 from . import model_zoo as Z  # noqa: E402
@@ -227,3 +230,90 @@ def test_pk_gradient_gaussian_nll(pk):
         v2, g2 = sciml.loss_and_grad(prob, data, loss=loss, params=theta, **TIGHT)
         assert v2 == pytest.approx(value, rel=1e-7)
         np.testing.assert_allclose(grad, g2, rtol=1e-5, atol=1e-6 * np.abs(fd).max())
+
+
+# ------------------------------------------- observables calling a net; u0 from parameters
+
+
+def logistic_g(u, p, t, nets):
+    x, y = u
+    g = nets.G([x])[0]
+    return [p.r * x * (1.0 - x / 3.0) - g * y, g * x - p.d * y]
+
+
+NET_OBSERVABLES = {"g": lambda u, p, t, nets: nets.G([u.x])[0], "y": lambda u, p: u.y}
+
+
+@pytest.fixture(scope="module")
+def net_observed():
+    """A model whose observable calls its net, with data on both observables."""
+    rng = np.random.default_rng(14)
+    chain = Chain(1, Dense(4, "tanh"), Dense(1))
+    model = sciml.Model(logistic_g, ["x", "y"], ["r", "d", "A0"], nets={"G": chain},
+                        observables=NET_OBSERVABLES)
+    theta = model.init_params(r=1.1, d=0.6, A0=1.4)
+    theta[model.param_slices["G"]] = 0.6 * rng.standard_normal(chain.n_params)
+    prob = sciml.ODEProblem(model, [1.0, 0.5], (0.0, 3.0), theta)
+    ts = np.linspace(0.0, 3.0, 16)
+    sol = sciml.solve(prob, saveat=ts, **REF)
+    y = np.column_stack([sol.observables[n] for n in model.obs_names])
+    y = y * (1 + 0.05 * rng.standard_normal(y.shape))
+    return model, prob, sciml.Data(ts, y, observables=list(model.obs_names)), theta
+
+
+def test_net_observable_solution(net_observed):
+    model, prob, data, _ = net_observed
+    js = sj.solve(prob, "Tsit5", saveat=data.t, **TIGHT)
+    ref = sciml.solve(prob, sciml.Tsit5(), saveat=data.t, **TIGHT)
+    np.testing.assert_allclose(js.u, ref.u, rtol=1e-8, atol=1e-8)
+    for name in model.obs_names:
+        np.testing.assert_allclose(js.observables[name], ref.observables[name], rtol=1e-8,
+                                   atol=1e-10)
+
+
+def test_net_observable_gradient(net_observed):
+    """The loss on an observable that calls the net: its gradient reaches the net's weights."""
+    model, prob, data, theta = net_observed
+    value, grad = sj.loss_and_grad(prob, data, **TIGHT)
+    f = lambda th: numba_loss([prob], [data], th, SSE())  # noqa: E731
+    assert value == pytest.approx(f(theta), rel=1e-8)
+    assert rel_err(grad, fd_grad(f, theta)) < 1e-6
+    assert np.all(grad[model.param_slices["G"]] != 0.0)
+    v2, g2 = sciml.loss_and_grad(prob, data, **TIGHT)
+    assert v2 == pytest.approx(value, rel=1e-7)
+    assert rel_err(grad, g2) < 1e-6
+
+
+def test_initial_values_from_parameters_gradient(net_observed):
+    """u0 = (A0, 0): the initial state is a JAX function of theta; gradients flow through."""
+    model, prob, data, theta = net_observed
+    p0 = prob.remake(u0=lambda p, nets: [p.A0, 0.0])
+    js = sj.solve(p0, "Tsit5", saveat=data.t, **TIGHT)
+    ref = sciml.solve(p0, sciml.Tsit5(), saveat=data.t, **TIGHT)
+    np.testing.assert_allclose(js.u[0], [theta[2], 0.0], rtol=1e-15)
+    np.testing.assert_allclose(js.u, ref.u, rtol=1e-8, atol=1e-8)
+    value, grad = sj.loss_and_grad(p0, data, params=theta, **TIGHT)
+    v2, g2 = sciml.loss_and_grad(p0, data, params=theta, **TIGHT)
+    assert value == pytest.approx(v2, rel=1e-7)
+    assert rel_err(grad, g2) < 1e-6
+    f = lambda th: numba_loss([p0], [data], th, SSE())  # noqa: E731
+    assert rel_err(grad, fd_grad(f, theta)) < 1e-6
+    # A0 enters through u0 only: its derivative is the initial values' pullback
+    assert abs(grad[2]) > 1e-3 * np.abs(grad).max()
+
+
+def test_initial_values_through_the_net_with_a_bolus_at_t0(net_observed):
+    """u0 that calls the net, a bolus at t0 on top of it, and every-step output."""
+    model, prob, data, theta = net_observed
+    p0 = prob.remake(u0=lambda p, nets: [p.A0, nets.G([p.A0])[0] ** 2],
+                     doses=[sciml.Bolus(0.0, 0.3, "y"), sciml.Bolus(1.5, 0.2, "x")])
+    u_start = p0.u0 + [0.0, 0.3]  # right-continuous: the bolus at t0 is in the state
+    every = sj.solve(p0, "Tsit5", **TIGHT)  # saveat=None: every step, from the initial state
+    assert every.success and every.t[0] == 0.0 and 1.5 in every.t
+    np.testing.assert_allclose(every.u[0], u_start, rtol=1e-13)
+    ref = sciml.solve(p0, sciml.Tsit5(), saveat=every.t, **TIGHT)
+    np.testing.assert_allclose(every.u, ref.u, rtol=1e-8, atol=1e-8)
+    v2, g2 = sciml.loss_and_grad(p0, data, **TIGHT)
+    value, grad = sj.loss_and_grad(p0, data, **TIGHT)
+    assert value == pytest.approx(v2, rel=1e-7)
+    assert rel_err(grad, g2) < 1e-6

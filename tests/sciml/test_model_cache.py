@@ -1,13 +1,21 @@
-"""A second process that builds the same model compiles nothing.
+"""The engine is compiled once: a new model in a new process compiles no numba code.
 
-The generated module is written under `SCIML_CACHE_DIR` and named by the
-hash of its text; numba caches its kernels beside it. The parent builds the
-models and calls every kernel (warming the cache), then a fresh interpreter
-does the same and reports numba's cache hits and misses per kernel.
+The solver and sensitivity loops (`sciml.solvers.kernels`, `adjoints.kernels`)
+are ordinary numba functions cached on disk, stamped with a fingerprint of
+every engine source (`sciml._jit.engine_fingerprint`); a model is data to
+them (a table of kernel addresses), and its own kernels are compiled by LLVM
+in milliseconds (`sciml.model.llvm`). So: a first interpreter builds a model,
+solves it and takes one gradient (warming numba's cache, wherever
+NUMBA_CACHE_DIR points); a second, fresh interpreter with the same
+environment builds a NEW model (a function whose source it has never seen),
+solves it and takes one gradient, while numba's compile events are recorded:
+there must be none, and every engine dispatcher it used must report cache
+hits and no misses. Last, a model's generated source is its kernels alone.
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,52 +23,110 @@ from pathlib import Path
 import numba
 import pytest
 
+from . import model_zoo as zoo
+
 ROOT = Path(__file__).resolve().parents[2]
 
-KERNELS = ["rhs_into", "jac_into", "vjp_into", "paramjac_into", "obs_into", "obs_vjp_into"]
-
-# The work both processes do: build models (traced, and from kernels), call every kernel.
-WORK = """
-import time
+# argv[1]: a constant written into the model function, so each run traces new source.
+WORK = r'''
+import json, sys, time
 t_start = time.perf_counter()
-import numpy as np
-from tests.sciml import model_zoo as zoo
-from tests.sciml.test_model_alloc import kernel_args, KERNELS
-from tests.sciml.test_model_hatch import build as build_hatch
-rng = np.random.default_rng(0)
-models = {}
-hatch = lambda rng: zoo.Case("hatch", build_hatch(), np.array([0.3, 1.1]),
-                             np.linspace(0.1, 0.9, 6), 0.0, None)
-for make in (zoo.case_ude, zoo.case_pk, zoo.case_two_nets, hatch):
-    case = make(rng)
-    t0 = time.perf_counter()
-    m = case.model
-    m.rhs(case.u, case.theta, case.t)
-    models[case.name] = (case, time.perf_counter() - t0)
-    for k in KERNELS:
-        getattr(m.module, k)(*kernel_args(k, m, case.u, case.theta, case.t, rng))
-t_total = time.perf_counter() - t_start
-"""
+from numba.core import event
 
-REPORT = """
-import json
-stats = {name: {k: [sum(getattr(c.model.module, k).stats.cache_hits.values()),
-                    sum(getattr(c.model.module, k).stats.cache_misses.values())]
-                for k in KERNELS} for name, (c, _) in models.items()}
-print(json.dumps({"stats": stats, "total_s": t_total}))
+compiled = []
+
+
+class Compiles(event.Listener):
+    def on_start(self, ev):
+        f = ev.data["dispatcher"].py_func
+        compiled.append(f"{f.__module__}.{f.__qualname__}")
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", Compiles())
+
+import numpy as np
+import sciml
+from nets import Chain, Dense
+
+source = f"""
+def new_ude(u, p, t, nets):
+    x, y = u
+    z = nets.U(u)
+    return [p.alpha * x + {sys.argv[1]} * z[0], -p.delta * y + z[1] * x]
 """
+env = {}
+exec(compile(source, "<new model>", "exec"), env)
+model = sciml.Model(env["new_ude"], ["x", "y"], ["alpha", "delta"],
+                    nets={"U": Chain(2, Dense(5, "rbf"), Dense(5, "rbf"), Dense(2))})
+theta = model.init_params(seed=0, alpha=1.3, delta=1.8)
+prob = sciml.ODEProblem(model, [0.44, 4.63], (0.0, 1.0), theta)
+t = np.linspace(0.1, 1.0, 5)
+sol = sciml.solve(prob, saveat=t)
+value, grad = sciml.loss_and_grad(prob, sciml.Data(t, sol.u + 0.01))
+assert np.isfinite(value) and np.all(np.isfinite(grad)) and np.any(grad != 0)
+t_work = time.perf_counter() - t_start
+
+# every engine dispatcher of this process (module-level, and those made by factories such
+# as the lean solve's entry points): cache hits and misses
+import gc
+from numba.core.registry import CPUDispatcher
+
+engine = {}
+for obj in gc.get_objects():
+    if isinstance(obj, CPUDispatcher):
+        f = obj.py_func
+        if f.__module__.startswith(("sciml.solvers.kernels", "adjoints.kernels")):
+            s = obj.stats
+            hits, misses = sum(s.cache_hits.values()), sum(s.cache_misses.values())
+            if hits or misses:
+                key = f"{f.__module__}.{f.__qualname__}"
+                old = engine.get(key, [0, 0])
+                engine[key] = [old[0] + hits, old[1] + misses]
+during = list(compiled)
+
+# the listener sees a compilation
+import numba
+numba.njit(lambda x: x + 1)(1)
+print(json.dumps({"compiled": during, "probe": compiled[len(during):], "engine": engine,
+                  "work_s": t_work}))
+'''
+
+
+def run(constant):
+    out = subprocess.run([sys.executable, "-c", WORK, constant], cwd=ROOT, env=dict(os.environ),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-5000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
-def test_second_process_compiles_nothing():
-    exec(compile(WORK, "<model-cache-work>", "exec"), {})
-    out = subprocess.run([sys.executable, "-c", WORK + REPORT], cwd=ROOT, env=dict(os.environ),
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    for model, kernels in result["stats"].items():
-        for kernel, (hits, misses) in kernels.items():
-            assert misses == 0, f"{model}.{kernel} was compiled in the second process: {result}"
-            assert hits >= 1, f"{model}.{kernel} was not loaded from the cache: {result}"
-    # Imports, three traces and module builds, every kernel loaded: seconds, not a compile.
-    print(f"second process: {result['total_s']:.2f} s")
+def test_a_new_model_in_a_fresh_process_compiles_no_engine_code():
+    run("1.0")  # warms the cache (compiles the engine if it is not cached yet)
+    result = run("2.5")  # a fresh interpreter, a model function it has never traced
+    assert result["probe"], f"the compile listener saw nothing: {result}"
+    assert result["compiled"] == [], f"numba compiled in the second process: {result}"
+    engine = result["engine"]
+    assert engine, f"no engine dispatcher was used: {result}"
+    for name, (hits, misses) in engine.items():
+        assert misses == 0 and hits >= 1, f"{name} was compiled, not loaded: {result}"
+    # the solve loop and the gradient's loops both came from the cache
+    assert any(".erk." in n or ".lean." in n for n in engine), engine
+    assert any(n.startswith("adjoints.kernels") for n in engine), engine
+    print(f"second process: {result['work_s']:.2f} s for imports, model, solve and gradient")
+
+
+def test_the_model_source_is_its_kernels_alone(rng):
+    m = zoo.case_ude(rng).model
+    src = m.source
+    # one function per kernel of f (no observables here), nothing of a solver
+    assert re.findall(r"^def (\w+)\(", src, flags=re.M) == ["rhs", "jac", "paramjac", "vjp",
+                                                             "hvp"]
+    assert "while " not in src and "tableau" not in src.lower() and "solve" not in src
+    assert "import sciml.solvers" not in src and "adjoints" not in src
+    n_lines = len(src.splitlines())
+    assert n_lines <= 800, f"{n_lines} lines"  # a few hundred
+    # the rendering is valid Python
+    compile(src, "<model source>", "exec")

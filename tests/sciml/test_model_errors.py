@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 import sciml.model as sm
+import sciml.model.model as model_module
 from nets import Chain, Dense
-from sciml._trace import ModelError
+from sciml.model import ModelError
 
 from .model_zoo import lotka_volterra, lv_ude, ude_chain
 
@@ -122,7 +123,8 @@ def test_wrong_number_of_derivatives():
         lv(three)
     with pytest.raises(ModelError, match="returned a single value; return a list of 2"):
         lv(scalar)
-    with pytest.raises(ModelError, match=r"derivative 0 \(x\) is a condition"):
+    with pytest.raises(ModelError, match=r"model function `condition` \(defined at .*\): value 0 "
+                       r"\(x\) is a condition, not a number or a traced expression"):
         lv(condition)
     with pytest.raises(ModelError, match="must return a list of 2 derivatives.*got NoneType"):
         lv(nothing)
@@ -222,22 +224,62 @@ def test_bad_names():
         sm.Model(lv_ude, ["x", "y"], ["U"], nets={"U": U})
 
 
-def test_bad_nets_and_observables(cube_activation):
+def test_bad_nets_and_observables(cube_activation, monkeypatch):
     with pytest.raises(TypeError, match=r"`nets\['U'\]` must be a nets.Chain, got Dense"):
         lv(lv_ude, nets={"U": Dense(2)})
     with pytest.raises(TypeError, match="`nets` must be a dict"):
         lv(lv_ude, nets=[U])
-    with pytest.raises(ValueError, match=r"custom activation\(s\) \['cube'\]"):
+    # A custom activation is no longer an error: a warning that it compiles per process
+    # (once per activation and process: forget earlier ones).
+    monkeypatch.setattr(model_module, "_WARNED", set())
+    with pytest.warns(sm.CacheWarning, match=r"`nets\['U'\]` uses the custom activation "
+                      r"'cube': its numba functions are compiled once in each process"):
         lv(lv_ude, nets={"U": Chain(2, Dense(2, "cube"))})
     with pytest.raises(TypeError, match="`observables` must be a dict"):
         lv(lv_ude, nets={"U": U}, observables=[lambda u, p: u.x])
-    with pytest.raises(TypeError, match="observable 'bad' must take 2 or 3 positional"):
+    with pytest.raises(TypeError, match=r"observable 'bad' must take 2 or 3 or 4 positional "
+                       r"arguments, it takes 1"):
         lv(lv_ude, nets={"U": U}, observables={"bad": lambda u: u.x})
+    with pytest.raises(TypeError, match=r"observable 'g' must be a function g\(u, p\), "
+                       r"g\(u, p, t\) or g\(u, p, t, nets\), got 3"):
+        lv(lv_ude, nets={"U": U}, observables={"g": 3})
     with pytest.raises(ModelError,
                        match=r"observable 'v' \(defined at .*\): must return one number"):
         lv(lv_ude, nets={"U": U}, observables={"v": lambda u, p: [u.x, u.y]})
     with pytest.raises(ModelError, match=r"observable 'w', at .*unknown state 'w'"):
         lv(lv_ude, nets={"U": U}, observables={"w": lambda u, p: u.w})
+    # observables may call the model's nets, with the same checks as the model function
+    with pytest.raises(ModelError, match=r"observable 'o', at .*: unknown net 'V'; nets: U"):
+        lv(lv_ude, nets={"U": U}, observables={"o": lambda u, p, t, nets: nets.V(u)[0]})
+    with pytest.raises(ModelError, match=r"observable 'o', at .*: net `U` takes 2 inputs, got 1"):
+        lv(lv_ude, nets={"U": U}, observables={"o": lambda u, p, t, nets: nets.U([u.x])[0]})
+    with pytest.raises(ModelError, match=r"observable 'o' \(defined at .*\): must return one "
+                       r"number or traced expression, got Vec"):
+        lv(lv_ude, nets={"U": U}, observables={"o": lambda u, p, t, nets: nets.U(u)})
+
+
+def test_initial_value_function_errors():
+    m = lv(lv_ude, nets={"U": U})
+
+    def three(p, nets):
+        return [p.alpha, p.delta, 1.0]
+
+    def reads_a_state(p, nets):
+        return [p.x, p.delta]  # MARK
+
+    def condition(p):
+        return [p.alpha > 0, p.delta]
+
+    with pytest.raises(ModelError, match=r"initial-value function `three` \(defined at .*\): "
+                       r"returned 3 initial values for 2 states; return one per state \(x, y\)"):
+        m.initial_table(three)
+    with pytest.raises(ModelError, match=re.escape(lineno(reads_a_state, "# MARK"))
+                       + r": unknown parameter 'x' \('x' is a state: use u.x\)"):
+        m.initial_table(reads_a_state)
+    with pytest.raises(ModelError, match=r"value 0 \(x\) is a condition"):
+        m.initial_table(condition)
+    with pytest.raises(TypeError, match="`u0` must be an array or a function u0"):
+        m.initial_table(42)
 
 
 def test_init_params_errors():

@@ -5,6 +5,7 @@ import pytest
 
 import sciml.model as sm
 from nets import Chain, Dense
+from sciml.solvers.kernels.calls import K_HVP, K_RHS
 
 from . import model_zoo as zoo
 
@@ -44,10 +45,21 @@ def test_properties_and_workspace():
     assert list(m.nets) == ["U"]
 
 
-def test_same_model_twice_shares_the_module():
-    a = sm.Model(zoo.lotka_volterra, ["x", "y"], ["alpha", "beta", "gamma", "delta"])
-    b = sm.Model(zoo.lotka_volterra, ["x", "y"], ["alpha", "beta", "gamma", "delta"])
-    assert a.module is b.module
+def test_same_model_twice_same_source_own_kernels(rng):
+    # No shared generated module any more: each model compiles its own kernels (in
+    # milliseconds, per process); the same function gives the same code and results.
+    names = ["x", "y"], ["alpha", "beta", "gamma", "delta"]
+    a, b = sm.Model(zoo.lotka_volterra, *names), sm.Model(zoo.lotka_volterra, *names)
+    assert a.source == b.source
+    u, theta = rng.uniform(0.5, 2, 2), rng.uniform(0.5, 2, 4)
+    np.testing.assert_array_equal(a.rhs(u, theta), b.rhs(u, theta))
+    np.testing.assert_array_equal(a.jac(u, theta), b.jac(u, theta))
+    ta, tb = a.kernel_table(), b.kernel_table()
+    assert ta is not tb and ta[K_RHS] != 0 and tb[K_RHS] != 0 and ta[K_RHS] != tb[K_RHS]
+    # a kernel is compiled on first need, per model
+    assert ta[K_HVP] == 0 and tb[K_HVP] == 0
+    a.hvp(np.ones(2), np.ones(2), u, theta)
+    assert a.kernel_table()[K_HVP] != 0 and b.kernel_table()[K_HVP] == 0
 
 
 def test_neural_ode():
@@ -127,6 +139,8 @@ def test_unused_net_outputs_and_calls_are_skipped():
 
     m = sm.Model(f, ["x", "y"], [], nets={"U": zoo.ude_chain()})
     # the unused call (0) generates nothing; call 1's forward is printed into rhs, jac, vjp
-    # and paramjac (the chain-specialised code of `sciml._netgen`)
+    # and paramjac, its tangent forward into hvp (the chain-specialised code of
+    # `sciml.model.netcode`)
     assert "call 0" not in m.source
     assert m.source.count("# net U, call 1: forward") == 4
+    assert m.source.count("# net U, call 1: tangent forward") == 1

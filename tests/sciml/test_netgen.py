@@ -1,31 +1,37 @@
-"""Chain-specialised network code (`sciml._netgen`) against the generic `nets` kernels.
+"""Chain-specialised network code (`sciml.model.netcode`) against the `nets` package.
 
-Every model here is built twice: with the specialised code (the default) and
-with ``SPECIALISE_NETS = False`` (calls of `nets.kernels.forward1` / `vjp1` /
-`jacobian1`, the reference). The chains cover the three loop shapes of the
-specialised code (few inputs, few outputs, general), layers without bias,
-an identity hidden layer, a one-layer chain, every builtin activation, inputs
-wider than the unroll limit (the Jacobian's general path), several nets, a
-net called twice and nets fed by nets. Each kernel (`rhs_into`, `vjp_into`,
-`jac_into`, `paramjac_into`) must agree with the reference to rounding and
-with central differences of `rhs_into`.
+Every network inside a model is written out as statements for its chain
+(`NetGen`): forward, reverse, Jacobian and tangent passes. The reference is
+`nets` itself: ``chain(x, p)``, ``chain.vjp_into`` and ``chain.jacobian_into``
+(or the numpy reference of tests/nets/reference.py for custom activations).
+The chains cover the loop shapes of the generated code (few inputs, blocks of
+rows with a remainder, Jacobians with more directions than the unroll
+limit), layers without bias, an identity hidden layer, a one-layer chain and
+every builtin activation. The model kernels ``rhs``, ``jac``, ``paramjac`` and
+``vjp`` must agree with the reference to rounding; ``hvp`` (the tangent
+passes, with the activations' second derivatives) with central differences
+of the reference Jacobian. The activation formulas are compiled on their own
+against `nets.activations`, and custom activations run inside models.
 """
 
-import math
+import warnings
 
 import numba
 import numpy as np
 import pytest
 
+import nets
 import nets.activations as act
 import sciml.model as sm
+import sciml.model.model as model_module
 from nets import Chain, Dense
-from sciml import _kernelgen as kg
-from sciml import _netgen as ng
+from sciml.model import llvm, netcode
+from sciml.model.assembly import call
+from sciml.model.code import Assign, At, Kernel, Loop, array, index, real
+from sciml.solvers.kernels import calls
 
-from ..alloc import allocations_in, needs_jit
-from . import model_zoo as zoo
-from .test_model_kernels import central_diff
+from ..nets import reference
+from .test_model_kernels import central_diff, close
 
 
 def _chain_model(u, p, t, nets):
@@ -42,10 +48,11 @@ def _chain_model(u, p, t, nets):
 CHAINS = {
     # few inputs -> wide (vectorised over outputs) -> few outputs (reductions)
     "spiral_2_50_2_tanh": lambda: Chain(2, Dense(50, "tanh"), Dense(2)),
-    # general shape (both sizes above the unroll limit) on every layer, 7 -> 9 a full
-    # block of BLOCK rows plus a remainder, a Jacobian with more than UNROLL directions
+    # blocks of rows on every layer, 7 -> 9 a full block of BLOCK rows plus a remainder,
+    # a Jacobian with more than UNROLL directions
     "general_6_7_9_5": lambda: Chain(6, Dense(7, "sigmoid"), Dense(9, "softplus"), Dense(5)),
-    "rbf_2_5_5_5_2": zoo.ude_chain,
+    "rbf_2_5_5_5_2": lambda: Chain(2, Dense(5, "rbf"), Dense(5, "rbf"), Dense(5, "rbf"),
+                                   Dense(2)),
     "gelu_relu_3_8_6_3": lambda: Chain(3, Dense(8, "gelu"), Dense(6, "relu"), Dense(3)),
     # no bias, identity hidden layer, a wide output layer fed by a narrow one
     "nobias_4_6_3_7": lambda: Chain(4, Dense(6, bias=False), Dense(3, "silu"),
@@ -54,169 +61,308 @@ CHAINS = {
 }
 
 
-def _build(make_model, specialise, monkeypatch):
-    with monkeypatch.context() as m:
-        m.setattr(kg, "SPECIALISE_NETS", specialise)
-        return make_model()
+class NetRef:
+    """The network of a model on numbers: nets' kernels, or tests/nets/reference.py for a
+    custom activation (``custom``: name -> (value, derivative) in numpy)."""
+
+    def __init__(self, chain, p, custom=None):
+        self.chain, self.p, self.custom = chain, np.ascontiguousarray(p), custom
+
+    def __call__(self, x):
+        if self.custom:
+            return reference.forward(self.chain, self.p, x, self.custom)[0]
+        return self.chain(np.asarray(x, dtype=np.float64), self.p)
+
+    def vjp(self, x, v):
+        """(xbar, pbar) = v^T (dy/dx, dy/dp)."""
+        x, v = np.asarray(x, dtype=np.float64), np.asarray(v, dtype=np.float64)
+        if self.custom:
+            return reference.vjp(self.chain, self.p, x, v, self.custom)
+        xbar, pbar = np.empty(self.chain.n_in), np.zeros(self.chain.n_params)
+        self.chain.vjp_into(xbar, pbar, v, x, self.p, self.chain.workspace())
+        return xbar, pbar
+
+    def jacobian(self, x):
+        c = self.chain
+        if self.custom:
+            return np.array([self.vjp(x, np.eye(c.n_out)[k])[0] for k in range(c.n_out)])
+        J = np.empty((c.n_out, c.n_in))
+        c.jacobian_into(J, np.asarray(x, dtype=np.float64), self.p, c.workspace())
+        return J
 
 
-def _chain_case(name, rng, specialise, monkeypatch):
-    chain = CHAINS[name]()
-    model = _build(lambda: sm.Model(_chain_model, [f"x{i}" for i in range(chain.n_in)], ["a"],
-                                    nets={"U": chain}), specialise, monkeypatch)
+class ModelRef:
+    """`_chain_model` on numbers, with its derivatives through `NetRef`:
+    f = a u + G(u) z(u), G[i, i mod m] = 1 + u_i / 10 (and 0.5 for the extra outputs)."""
+
+    def __init__(self, model, custom=None):
+        self.model, self.custom = model, custom
+        self.chain = model.nets["U"]
+
+    def net(self, theta):
+        return NetRef(self.chain, theta[self.model.param_slices["U"]], self.custom)
+
+    def parts(self, u, theta):
+        n, m = len(u), self.chain.n_out
+        z = self.net(theta)(u)
+        G = np.zeros((n, m))
+        for i in range(n):
+            G[i, i % m] += 1.0 + 0.1 * u[i]
+        for k in range(n, m):
+            G[n - 1, k] += 0.5
+        Du = np.diag(theta[0] + 0.1 * z[np.arange(n) % m])
+        return z, G, Du
+
+    def rhs(self, u, theta):
+        z, G, _ = self.parts(u, theta)
+        return theta[0] * u + G @ z
+
+    def jac(self, u, theta):
+        _, G, Du = self.parts(u, theta)
+        return Du + G @ self.net(theta).jacobian(u)
+
+    def vjp(self, lam, u, theta):
+        _, G, Du = self.parts(u, theta)
+        xbar, pnet = self.net(theta).vjp(u, G.T @ lam)
+        pbar = np.zeros(self.model.n_params)
+        pbar[0] = lam @ u
+        pbar[self.model.param_slices["U"]] = pnet
+        return lam @ Du + xbar, pbar
+
+    def paramjac(self, u, theta):
+        return np.array([self.vjp(e, u, theta)[1] for e in np.eye(len(u))])
+
+
+def chain_case(chain, seed=7, scale=0.6):
+    model = sm.Model(_chain_model, [f"x{i}" for i in range(chain.n_in)], ["a"],
+                     nets={"U": chain})
     theta = model.init_params(a=-0.3)
-    theta[model.param_slices["U"]] = 0.6 * np.random.default_rng(7).standard_normal(
+    theta[model.param_slices["U"]] = scale * np.random.default_rng(seed).standard_normal(
         chain.n_params)
-    u = np.random.default_rng(11).uniform(-1.2, 1.2, chain.n_in)
-    return zoo.Case(name, model, theta, u, 0.4, None)
+    u = np.random.default_rng(seed + 4).uniform(-1.2, 1.2, chain.n_in)
+    return model, theta, u
 
 
-def _zoo_case(make, rng, specialise, monkeypatch):
-    return _build(lambda: make(np.random.default_rng(3)), specialise, monkeypatch)
+T = 0.4
 
 
-def _cases():
-    out = [pytest.param(lambda rng, s, mp, n=n: _chain_case(n, rng, s, mp), id=n)
-           for n in CHAINS]
-    # two nets, one called twice, one fed by the other, a time input
-    out.append(pytest.param(lambda rng, s, mp: _zoo_case(zoo.case_two_nets, rng, s, mp),
-                            id="two_nets"))
-    return out
+@pytest.fixture(scope="module", params=list(CHAINS))
+def chain_model(request):
+    model, theta, u = chain_case(CHAINS[request.param]())
+    return model, theta, u, ModelRef(model)
 
 
-@pytest.fixture(params=_cases())
-def pair(request, rng, monkeypatch):
-    """(specialised case, generic case): the same model, parameters and state."""
-    return request.param(rng, True, monkeypatch), request.param(rng, False, monkeypatch)
+def test_chains_cover_every_builtin_activation():
+    used = {layer.activation for make in CHAINS.values() for layer in make().layers}
+    assert used == set(act.BUILTIN)
 
 
-def _kernels(case, lam):
-    m, u, th, t = case.model, case.u, case.theta, case.t
-    ubar, pbar = m.vjp(lam, u, th, t)
-    return {"rhs": m.rhs(u, th, t), "jac": m.jac(u, th, t), "paramjac": m.paramjac(u, th, t),
-            "ubar": ubar, "pbar": pbar}
+def test_source_holds_the_specialised_passes_and_no_generic_kernel(chain_model):
+    model = chain_model[0]
+    src = model.source
+    for what in ("forward", "reverse", "Jacobian", "tangent forward", "tangent reverse"):
+        assert f"# net U, call 0: {what}" in src, what
+    assert "nets.kernels" not in src and "_nk." not in src and "META_" not in src
 
 
-def test_specialised_source_calls_no_generic_kernel(pair):
-    spec, gen = pair
-    assert "_nk." not in spec.model.source.split("# --- template begin")[0]
-    assert "_nk.forward1(" in gen.model.source
+def test_rhs_jac_vjp_paramjac_agree_with_nets(chain_model, rng):
+    model, theta, u, ref = chain_model
+    close(model.rhs(u, theta, T), ref.rhs(u, theta), rtol=1e-13, atol=1e-14, err_msg="rhs")
+    close(model.jac(u, theta, T), ref.jac(u, theta), rtol=1e-12, atol=1e-13, err_msg="jac")
+    close(model.paramjac(u, theta, T), ref.paramjac(u, theta), rtol=1e-12, atol=1e-13,
+          err_msg="paramjac")
+    lam = rng.standard_normal(model.n_states)
+    ubar, pbar = model.vjp(lam, u, theta, T)
+    ubar_ref, pbar_ref = ref.vjp(lam, u, theta)
+    close(ubar, ubar_ref, rtol=1e-12, atol=1e-13, err_msg="ubar")
+    close(pbar, pbar_ref, rtol=1e-12, atol=1e-13, err_msg="pbar")
 
 
-def test_agrees_with_the_generic_kernels(pair, rng):
-    spec, gen = pair
-    lam = rng.standard_normal(spec.model.n_states)
-    a, b = _kernels(spec, lam), _kernels(gen, lam)
-    for k in a:
-        scale = max(np.abs(b[k]).max(), 1e-300)
-        np.testing.assert_allclose(a[k], b[k], rtol=1e-12, atol=1e-13 * scale, err_msg=k)
+def test_jacobian_against_finite_differences(chain_model):
+    # the reference itself, once, against central differences of the model's rhs
+    model, theta, u, ref = chain_model
+    close(ref.jac(u, theta), central_diff(lambda v: model.rhs(v, theta, T), u))
 
 
-def test_against_finite_differences(pair, rng):
-    case = pair[0]
-    m, th, t = case.model, case.theta, case.t
-    J = m.jac(case.u, th, t)
-    ref = central_diff(lambda u: m.rhs(u, th, t), case.u)
-    np.testing.assert_allclose(J, ref, rtol=1e-6, atol=1e-8 * np.abs(ref).max())
-    Jp = m.paramjac(case.u, th, t)
-    refp = central_diff(lambda q: m.rhs(case.u, q, t), th)
-    np.testing.assert_allclose(Jp, refp, rtol=1e-6, atol=1e-8 * np.abs(refp).max())
-    lam = rng.standard_normal(m.n_states)
-    ubar, pbar = m.vjp(lam, case.u, th, t)
-    np.testing.assert_allclose(ubar, lam @ ref, rtol=1e-6, atol=1e-8 * np.abs(ref).max())
-    np.testing.assert_allclose(pbar, lam @ refp, rtol=1e-6, atol=1e-8 * np.abs(refp).max())
+def test_tangent_passes_through_hvp(chain_model, rng):
+    # hvp = the gradient of lam^T J v; J from nets' own Jacobian, differentiated numerically.
+    model, theta, u, ref = chain_model
+    lam, v = rng.standard_normal(model.n_states), rng.standard_normal(model.n_states)
+    ubar, pbar = model.hvp(lam, v, u, theta, T)
+    close(ubar, central_diff(lambda x: lam @ ref.jac(x, theta) @ v, u), err_msg="ubar")
+    close(pbar, central_diff(lambda th: lam @ ref.jac(u, th) @ v, theta), err_msg="pbar")
 
 
-def test_kernels_ignore_stale_workspace_and_add_into_pbar(pair, rng):
-    case = pair[0]
-    m = case.model
-    lam = rng.standard_normal(m.n_states)
-    ubar_ref, pbar_ref = m.vjp(lam, case.u, case.theta, case.t)
-    ws = np.full(m.ws_size, 1e3)
-    ubar, pbar = np.full(m.n_states, 5.0), np.arange(m.n_params, dtype=np.float64)
-    m.module.vjp_into(ubar, pbar, lam, case.u, case.theta, case.t, ws)
-    np.testing.assert_allclose(ubar, ubar_ref, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(pbar - np.arange(m.n_params), pbar_ref, rtol=1e-12, atol=1e-12)
-    Jp = np.full((m.n_states, m.n_params), 9.0)
-    ws[:] = -1e3
-    m.module.paramjac_into(Jp, case.u, case.theta, case.t, ws)
-    np.testing.assert_allclose(Jp, m.paramjac(case.u, case.theta, case.t), rtol=1e-14,
-                               atol=1e-14)
+def test_kernels_ignore_stale_workspace_and_add_into_pbar(chain_model, rng):
+    model, theta, u, _ = chain_model
+    n, npar = model.n_states, model.n_params
+    lam, v = rng.standard_normal(n), rng.standard_normal(n)
+    ramp = np.arange(npar, dtype=np.float64)
+    for name, inputs, helper in (("vjp", (lam,), model.vjp), ("hvp", (lam, v), model.hvp)):
+        ubar_ref, pbar_ref = helper(*inputs, u, theta, T)
+        ubar, pbar, ws = np.full(n, 5.0), ramp.copy(), np.full(model.workspace().shape, 1e3)
+        call(model.kernel_table(name), name, (ubar, pbar, *inputs, u, theta), T, ws)
+        np.testing.assert_array_equal(ubar, ubar_ref, err_msg=name)
+        np.testing.assert_allclose(pbar - ramp, pbar_ref, rtol=1e-12, atol=1e-12, err_msg=name)
+    Jp, ws = np.full((n, npar), 9.0), np.full(model.workspace().shape, -1e3)
+    call(model.kernel_table("paramjac"), "paramjac", (Jp, u, theta), T, ws)
+    np.testing.assert_array_equal(Jp, model.paramjac(u, theta, T))
 
 
-@needs_jit
-@pytest.mark.usefixtures("nrt_stats")
-@pytest.mark.parametrize("name", ["general_6_7_9_5", "nobias_4_6_3_7"])
-def test_specialised_kernels_do_not_allocate(name, rng, monkeypatch):
-    case = _chain_case(name, rng, True, monkeypatch)
-    m, u, th, t = case.model, case.u, case.theta, case.t
-    n, ws = m.n_states, m.workspace()
-    args = {"rhs_into": (np.empty(n), u, th, t, ws),
-            "vjp_into": (np.empty(n), np.zeros(m.n_params), np.ones(n), u, th, t, ws),
-            "jac_into": (np.empty((n, n)), u, th, t, ws),
-            "paramjac_into": (np.empty((n, m.n_params)), u, th, t, ws)}
-    for k, a in args.items():
-        assert allocations_in(getattr(m.module, k), a)[1] == 0, k
+def test_a_net_after_mechanistic_parameters_and_another_net():
+    # Parameter offsets: the chain's place in the flat vector is baked into the code.
+    A, B = Chain(2, Dense(3, "tanh"), Dense(2)), Chain(2, Dense(4, "sigmoid"), Dense(2))
+
+    def f(u, p, t, nets):
+        za, zb = nets.A(u), nets.B(u)
+        return [p.k * za[0] + zb[1], p.c * za[1] - zb[0]]
+
+    m = sm.Model(f, ["x", "y"], ["k", "c"], nets={"A": A, "B": B})
+    theta = np.random.default_rng(5).standard_normal(m.n_params)
+    u = np.array([0.3, -0.7])
+    pa, pb = theta[m.param_slices["A"]], theta[m.param_slices["B"]]
+    za, zb = A(u, pa), B(u, pb)
+    close(m.rhs(u, theta), [theta[0] * za[0] + zb[1], theta[1] * za[1] - zb[0]], rtol=1e-13,
+          atol=1e-15)
+    lam = np.array([0.6, -1.1])
+    _, pbar = m.vjp(lam, u, theta)
+    for name, chain, p, v in (("A", A, pa, [lam[0] * theta[0], lam[1] * theta[1]]),
+                              ("B", B, pb, [-lam[1], lam[0]])):
+        ref = np.zeros(chain.n_params)
+        chain.vjp_into(np.empty(2), ref, np.array(v), u, p, chain.workspace())
+        close(pbar[m.param_slices[name]], ref, rtol=1e-12, atol=1e-14, err_msg=name)
 
 
 # ------------------------------------------------------------- activation formulas
 
 
-def _compiled_activation(code):
-    lines = ng._activation(code, "z", "a", "d")
-    if code == 0:
-        lines = lines + ["d = 1.0"]
-    src = "def f(z):\n" + "".join(f"    {line}\n" for line in lines) + "    return a, d\n"
-    env = {"math": math, "_tanh": act.tanh, "_sigmoid": act.sigmoid}
-    exec(src, env)
-    return numba.njit(env["f"])
+def _activation_kernel(code, n):
+    """A kernel ``rhs(y, u, ...)``: y = [act(u), act'(u), act''(u)] as netcode prints them."""
+    A = netcode.act(code)
+    z, a, i = real("_z"), real("_a"), index("i")
+    Y, U = array("y"), array("u")
+    body = (Assign(z, At(U, i)), Assign(a, A.value(z)), Assign(At(Y, i), a),
+            Assign(At(Y, n + i), A.slope(z, a)), Assign(At(Y, 2 * n + i), A.curvature(z, a)))
+    kernel = Kernel("rhs", ("y", "u", "p", "t", "ws"), (Loop(i, 0, n, body),))
+    table = np.zeros(calls.K_SIZE, dtype=np.int64)
+    table[calls.K_RHS] = llvm.compile_kernels([kernel])["rhs"]
+
+    def run(zs):
+        y = np.full(3 * n, np.nan)
+        call(table, "rhs", (y, np.ascontiguousarray(zs, dtype=np.float64), np.zeros(1)), 0.0,
+             np.zeros(1))
+        return y[:n], y[n:2 * n], y[2 * n:]
+
+    return run
 
 
 @pytest.mark.parametrize("name", act.BUILTIN)
 def test_activation_formulas_match_nets(name):
-    f = _compiled_activation(act.CODES[name])
-    z = np.concatenate([np.linspace(-6, 6, 1201), [-30.0, -1e-3, 0.0, 1e-3, 30.0]])
-    got = np.array([f(v) for v in z])
+    code = act.CODES[name]
+    z = np.concatenate([np.linspace(-6, 6, 1200), [-30.0, -1e-3, 0.0, 1e-3, 30.0]])
+    a, d, dd = _activation_kernel(code, z.size)(z)
     # nets' own row kernel: value in place, derivative beside it
     buf = np.concatenate([z, np.zeros_like(z)])
-    act.activate_row(act.CODES[name], buf, 0, z.size, z.size, True)
+    act.activate_row(code, buf, 0, z.size, z.size, True)
     # Same formulas; a product may contract to an FMA in one and not in the other, which
     # moves an intermediate near 1 by an ulp (then scaled by up to |z|, e.g. gelu's z (1 + t)).
     slack = 1e-14 * np.abs(buf) + 4e-16 * (1 + np.abs(np.concatenate([z, z])))
-    assert np.all(np.abs(np.concatenate([got[:, 0], got[:, 1]]) - buf) <= slack)
+    assert np.all(np.abs(np.concatenate([a, d]) - buf) <= slack)
     ref_a, ref_d = act.reference(name, z)  # and the plain numpy formulas, loosely
-    np.testing.assert_allclose(got[:, 0], ref_a, rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(got[:, 1], ref_d, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(a, ref_a, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(d, ref_d, rtol=1e-12, atol=1e-14)
+    # the second derivative (tangent passes) against differences of the derivative, off
+    # the kinks of relu and elu at 0 (the grid has no point within 1e-3 of it but 0 itself)
+    h = 1e-5
+    ok = np.abs(z) > 1e-4
+    fd = (act.reference(name, z + h)[1] - act.reference(name, z - h)[1]) / (2 * h)
+    np.testing.assert_allclose(dd[ok], fd[ok], rtol=1e-6, atol=1e-8)
 
 
-def test_every_builtin_activation_is_printed():
-    assert ng.CODES == frozenset(range(len(act.BUILTIN)))
-    for code in ng.CODES:
-        ng._activation(code, "z", "a", "d")
-    with pytest.raises(ValueError, match="activation code"):
-        ng._activation(len(act.BUILTIN), "z", "a", "d")
-
-
-def test_a_chain_with_an_unknown_activation_falls_back_to_the_generic_kernels():
-    meta = np.array([[2, 3, 1, 0, 6], [3, 2, len(act.BUILTIN), 9, 15]], dtype=np.int64)
-    assert not ng.supported(meta)
-    assert ng.supported(meta[:1])
-    with pytest.raises(ValueError, match="custom activation"):
-        ng.NetGen(meta, 0)
-    from sciml._trace import trace_model
-
-    chain = Chain(2, Dense(3, "tanh"), Dense(2))
-    trace = trace_model(zoo.lv_ude, ["x", "y"], ["alpha", "delta"], {"U": chain})
-    spec = kg.NetSpec("U", meta, 2, 17, 2, 2, 40)
-    text = kg.ModelKernels(trace, {"U": spec}, 19).kernels()
-    assert "_nk.forward1(META_U" in text and "_nk.vjp1(META_U" in text
-
-
-def test_workspace_holds_the_tapes_and_the_scratch(monkeypatch):
+def test_netgen_sizes_and_the_workspace():
     chain = CHAINS["general_6_7_9_5"]()
-    g = ng.NetGen(chain.meta, 3)
+    g = netcode.NetGen(chain.meta, 3)
+    assert (g.n_in, g.n_out) == (6, 5)
     # hidden values 7 + 9, derivatives 7 + 9 (the identity output layer has none)
     assert g.tape_size == 32
-    assert g.scratch_size == 2 * 9 + 2 * 6 * 9
-    case = _chain_case("general_6_7_9_5", None, True, monkeypatch)
-    assert case.model.ws_size >= g.tape_size + g.scratch_size
+    # per layer value, derivative, second derivative, tangents of z and of the value
+    # (the output layer: no value, no value tangent)
+    assert g.tangent_tape_size == 5 * 7 + 5 * 9 + 3 * 5
+    # four cotangent rows and two tangent blocks, at the widest layer (9)
+    assert g.scratch_size == 4 * 9 + 2 * 6 * 9
+    model = chain_case(chain)[0]
+    assert model.ws_size >= g.tape_size + g.tangent_tape_size + g.scratch_size
+
+
+# -------------------------------------------------------------- custom activations
+
+
+@numba.njit
+def _half_sin2(z):
+    return 0.5 * np.sin(2.0 * z)
+
+
+@numba.njit
+def _dhalf_sin2(z):
+    return np.cos(2.0 * z)
+
+
+@numba.njit
+def _ddhalf_sin2(z):
+    return -2.0 * np.sin(2.0 * z)
+
+
+@pytest.fixture(scope="module")
+def half_sin2():
+    """A custom activation registered with its second derivative (for hvp)."""
+    nets.register_activation("netgen_half_sin2", _half_sin2, _dhalf_sin2, second=_ddhalf_sin2)
+    return {"netgen_half_sin2": (lambda z: 0.5 * np.sin(2 * z), lambda z: np.cos(2 * z))}
+
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    # A CacheWarning is issued once per activation and process: forget earlier ones.
+    monkeypatch.setattr(model_module, "_WARNED", set())
+
+
+def _custom_case(activation, custom):
+    chain = Chain(3, Dense(5, activation), Dense(4, "tanh"), Dense(3))
+    model, theta, u = chain_case(chain, seed=3, scale=0.5)
+    return model, theta, u, ModelRef(model, custom)
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+def test_custom_activation_inside_a_model(cube_activation):
+    with pytest.warns(sm.CacheWarning, match=r"`nets\['U'\]` uses the custom activation "
+                      r"'cube'.*compiled once in each process"):
+        model, theta, u, ref = _custom_case("cube", cube_activation)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sm.CacheWarning)  # once per activation
+        _custom_case("cube", cube_activation)
+    assert "_act_cube_0(" in model.source and "_act_cube_1(" in model.source
+    close(model.rhs(u, theta, T), ref.rhs(u, theta), rtol=1e-13, atol=1e-14, err_msg="rhs")
+    close(model.jac(u, theta, T), ref.jac(u, theta), rtol=1e-12, atol=1e-13, err_msg="jac")
+    close(model.paramjac(u, theta, T), ref.paramjac(u, theta), rtol=1e-12, atol=1e-13,
+          err_msg="paramjac")
+    lam = np.array([0.4, -1.0, 0.7])
+    ubar, pbar = model.vjp(lam, u, theta, T)
+    ubar_ref, pbar_ref = ref.vjp(lam, u, theta)
+    close(ubar, ubar_ref, rtol=1e-12, atol=1e-13)
+    close(pbar, pbar_ref, rtol=1e-12, atol=1e-13)
+    # registered without its second derivative: no hvp, and a message that says why
+    with pytest.raises(ValueError, match=r"'cube' was registered without its second "
+                       r"derivative; register it again with `second=`"):
+        model.hvp(lam, lam, u, theta, T)
+
+
+@pytest.mark.usefixtures("fresh_warnings")
+def test_custom_activation_with_second_derivative_through_hvp(half_sin2, rng):
+    with pytest.warns(sm.CacheWarning, match="netgen_half_sin2"):
+        model, theta, u, ref = _custom_case("netgen_half_sin2", half_sin2)
+    assert "_act_netgen_half_sin2_2(" in model.source  # the tangent passes' curvature
+    close(model.rhs(u, theta, T), ref.rhs(u, theta), rtol=1e-13, atol=1e-14, err_msg="rhs")
+    close(model.jac(u, theta, T), ref.jac(u, theta), rtol=1e-12, atol=1e-13, err_msg="jac")
+    lam, v = rng.standard_normal(3), rng.standard_normal(3)
+    ubar, pbar = model.hvp(lam, v, u, theta, T)
+    close(ubar, central_diff(lambda x: lam @ ref.jac(x, theta) @ v, u), err_msg="ubar")
+    close(pbar, central_diff(lambda th: lam @ ref.jac(u, th) @ v, theta), err_msg="pbar")

@@ -1,4 +1,7 @@
-"""The dense LU kernels of `_linalg_template` against numpy/scipy, and their allocations."""
+"""The dense LU kernels of `sciml.solvers.kernels.lu` against numpy/scipy, and their allocations.
+
+``lu_solve_transposed_into`` (A^T x = b with the factors of A) serves the stiff adjoints.
+"""
 
 import numba
 import numpy as np
@@ -8,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba.core.runtime import _nrt_python, rtsys
 
-from sciml.solvers._linalg_template import lu_factor_into, lu_solve_into
+from sciml.solvers.kernels.lu import lu_factor_into, lu_solve_into, lu_solve_transposed_into
 
 
 def factor(A):
@@ -42,6 +45,25 @@ def test_solve_matches_numpy(rng, n):
     np.testing.assert_allclose(A @ x, b, rtol=1e-9, atol=1e-9 * np.abs(A).max())
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 9, 20])
+def test_solve_transposed_matches_scipy(rng, n):
+    # A^T x = b from the factors of A: scipy's lu_solve(trans=1) and a dense solve with A^T.
+    J = rng.normal(size=(n, n)) * 10.0 ** rng.uniform(-2, 4, size=(n, 1))
+    A = np.eye(n) / 0.019 - J
+    b = rng.normal(size=n)
+    LU, piv, _ = factor(A)
+    x = b.copy()
+    lu_solve_transposed_into(x, LU, piv)
+    np.testing.assert_allclose(x, scipy.linalg.lu_solve(scipy.linalg.lu_factor(A), b, trans=1),
+                               rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(x, np.linalg.solve(A.T, b), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(A.T @ x, b, rtol=1e-9, atol=1e-9 * np.abs(A).max())
+    if n > 1 and not np.allclose(A, A.T):  # not the plain solve under another name
+        y = b.copy()
+        lu_solve_into(y, LU, piv)
+        assert not np.allclose(x, y)
+
+
 def test_permutation_is_applied(rng):
     # A zero leading pivot forces a row swap.
     A = np.array([[0.0, 2.0, 1.0], [3.0, 1.0, 0.0], [1.0, 0.0, 4.0]])
@@ -51,6 +73,23 @@ def test_permutation_is_applied(rng):
     x = b.copy()
     lu_solve_into(x, LU, piv)
     np.testing.assert_allclose(A @ x, b, atol=1e-14)
+    x = b.copy()
+    lu_solve_transposed_into(x, LU, piv)  # the swaps undone after the triangular solves
+    np.testing.assert_allclose(A.T @ x, b, atol=1e-14)
+
+
+def test_transposed_with_several_swaps(rng):
+    # Pivots at every step, in an order where applying the swaps in the wrong order
+    # (or before the triangular solves) gives a wrong answer.
+    n = 5
+    P = np.eye(n)[[3, 0, 4, 1, 2]]
+    A = P @ (np.triu(rng.uniform(1, 2, (n, n))) + np.tril(rng.uniform(0, 0.5, (n, n)), -1))
+    LU, piv, info = factor(A)
+    assert info == 0 and np.count_nonzero(piv != np.arange(n)) >= 2
+    b = rng.normal(size=n)
+    x = b.copy()
+    lu_solve_transposed_into(x, LU, piv)
+    np.testing.assert_allclose(x, np.linalg.solve(A.T, b), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("A, column", [
@@ -75,6 +114,9 @@ def test_random_solves(n, seed):
     x = b.copy()
     lu_solve_into(x, LU, piv)
     np.testing.assert_allclose(x, np.linalg.solve(A, b), rtol=1e-8, atol=1e-10)
+    x = b.copy()
+    lu_solve_transposed_into(x, LU, piv)
+    np.testing.assert_allclose(x, np.linalg.solve(A.T, b), rtol=1e-8, atol=1e-10)
 
 
 @numba.njit
@@ -84,6 +126,7 @@ def _factor_and_solve_many(reps, A, LU, piv, x, b):
         lu_factor_into(LU, piv)
         x[:] = b
         lu_solve_into(x, LU, piv)
+        lu_solve_transposed_into(x, LU, piv)
 
 
 @pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")

@@ -9,9 +9,9 @@ import pytest
 from sciml.problem import ODEProblem
 from sciml.solution import SolveWarning
 from sciml.solve import solve
-from sciml.solvers import _common_template as com
 from sciml.solvers import base
 from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
+from sciml.solvers.kernels import control as ctl
 
 from . import handmade as hm
 
@@ -22,9 +22,14 @@ def prob():
 
 
 def test_status_codes_agree():
-    assert (com.COM_SUCCESS, com.COM_MAX_STEPS, com.COM_DT_UNDERFLOW, com.COM_NONFINITE,
-            com.COM_NEED_STORAGE) == (base.SUCCESS, base.MAX_STEPS, base.DT_UNDERFLOW,
-                                      base.NONFINITE, base.NEED_STORAGE)
+    # the compiled loops' codes (kernels.control) are the ones the Python side reports
+    assert (ctl.SUCCESS, ctl.MAX_STEPS, ctl.DT_UNDERFLOW, ctl.NONFINITE) == (
+        base.SUCCESS, base.MAX_STEPS, base.DT_UNDERFLOW, base.NONFINITE)
+    codes = (ctl.SUCCESS, ctl.MAX_STEPS, ctl.DT_UNDERFLOW, ctl.NONFINITE, ctl.NEED_STORAGE)
+    assert len(set(codes)) == 5 and ctl.NEED_STORAGE == 4
+    # every code a solve can end with has a text; NEED_STORAGE never leaves `Solver._run`
+    assert set(base.STATUS_TEXT) == set(codes) - {ctl.NEED_STORAGE}
+    assert base.STATUS_TEXT[base.SUCCESS] == "success"
 
 
 @pytest.mark.parametrize("kwargs, exc, message", [
@@ -171,8 +176,19 @@ def test_nonfinite():
     with warns_here(base.NONFINITE) as record:
         sol = solve(prob, RK4(), dt=0.1)
     check_points_at_caller(record)
-    assert sol.status == "nonfinite" and sol.t_end == pytest.approx(1.2)
+    # RK4 from 1 with dt = 0.1: u(1.1) ~ 1e12, u(1.2) ~ 5e172 (finite), f(u(1.2)) = inf
+    assert sol.status == "nonfinite" and 1.05 < sol.t_end < 1.25
     assert np.all(np.isfinite(sol.u))
+
+
+def test_nonfinite_fixed_step_keeps_the_last_finite_state():
+    # The RK4 step from 1.1 to 1.2 gives a finite state (~4.8e172); only f there overflows.
+    # So the solve should reach t = 1.2 and stop at the next step, as it used to.
+    prob = ODEProblem(hm.blowup(), [1.0], (0.0, 2.0), np.zeros(0))
+    with pytest.warns(SolveWarning):
+        sol = solve(prob, RK4(), dt=0.1)
+    assert sol.status == "nonfinite" and sol.t_end == pytest.approx(1.2)
+    assert sol.u[-1, 0] > 1e170
 
 
 def test_ensemble_warns_per_problem(prob):

@@ -115,8 +115,9 @@ def test_lean_path_per_state_atol():
     atol = np.array([1e-9, 1e-5])
     lean = solve(prob, Tsit5(), rtol=1e-7, atol=atol, saveat=t)  # ndarray atol: lean path
     full = solve(prob, Tsit5(), rtol=1e-7, atol=list(atol), saveat=list(t))
-    assert lean.stats == full.stats
-    np.testing.assert_array_equal(lean.u, full.u)
+    assert lean.stats == full.stats  # the same steps...
+    # ...up to an ulp or two: the lean entry folds the tableau as constants
+    np.testing.assert_allclose(lean.u, full.u, rtol=1e-14, atol=1e-15)
 
 
 @pytest.mark.parametrize("kwargs, message", [

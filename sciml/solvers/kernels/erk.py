@@ -66,14 +66,19 @@ def erk_stages(sys, tab, K, z, t, h, k, first, last, tmp):
 
 @jit(inline="always")
 def erk_combine(tab, znew, err, z, h, K):
-    """``znew = z + h sum_i b_i K[i]`` and the error estimate ``err = h sum_i e_i K[i]``."""
+    """``znew = z + h sum_i b_i K[i]`` and the error estimate ``err = h sum_i e_i K[i]``.
+
+    Stages with both weights zero are left out, not multiplied by zero: a fixed-step
+    method's end stage f(t + h, u_new) may overflow where u_new itself is finite.
+    """
     b, e = tab.b, tab.e
     for m in range(z.shape[0]):
         acc = 0.0
         ee = 0.0
         for i in range(len(b)):
-            acc += b[i] * K[i, m]
-            ee += e[i] * K[i, m]
+            if b[i] != 0.0 or e[i] != 0.0:
+                acc += b[i] * K[i, m]
+                ee += e[i] * K[i, m]
         znew[m] = z[m] + h * acc
         err[m] = h * ee
 

@@ -23,10 +23,10 @@ from sciml._jit import borrow, jit, keep_alive
 
 from .calls import K_WS
 from .erk import erk_integrate
-
-_integrate = jit(inline="always")(erk_integrate.py_func)  # constants fold into it
 from .structs import S_NACC, S_NFEV, S_NREJ, S_NSAVE, Control, Lin, Model, Record
 from .system import Forward
+
+_integrate = jit(inline="always")(erk_integrate.py_func)  # the constants fold into it
 
 # The tail of ``keep``: t_end, nfev, n_accepted, n_rejected, n_saved.
 KEEP_TAIL = 5

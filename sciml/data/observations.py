@@ -8,7 +8,7 @@ computed, inside the problem's time span.
 
 import numpy as np
 
-__all__ = ["Data", "Subject", "read_events"]
+__all__ = ["Data"]
 
 
 class Data:
@@ -140,5 +140,3 @@ def _float_array(name, x):
         raise TypeError(f"Data: `{name}` must be numbers (array_like), got "
                         f"{type(x).__name__}") from None
 
-
-from .events import Subject, read_events  # noqa: E402

@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data import Data
-from .problem import Bolus, Infusion, ODEProblem
+from ..problem import Bolus, Infusion, ODEProblem
+from .observations import Data
 
 __all__ = ["Subject", "read_events"]
 

@@ -1,0 +1,150 @@
+"""Argument checks: the checks of values every entry point shares, and their messages.
+
+Each takes the value a user gave and either returns it converted (float64
+arrays C-contiguous, numbers as float/int) or raises an error naming the
+argument, what was expected and what came. This module imports nothing from
+sciml; a check of an object's type stays with its class (`problem.problem_list`,
+`solve`'s solver check, `fit`'s optimizer check), built on these. The public entry points
+(`sciml.solve`, `sciml.loss_and_grad`, `sciml.fit`, `ODEProblem`, the JAX
+backend) call these; their lean paths check types inline and leave the rest
+to the compiled loops (which return -1 on an unexpected value, so that the
+full path reruns the call through these checks and names the argument).
+"""
+
+import math
+import numbers
+
+import numpy as np
+
+__all__ = ["is_number", "float_vector", "check_rtol", "check_atol", "atol_vector", "lean_atol",
+           "check_dt", "check_max_steps", "saveat_times", "positive_number", "positive_int"]
+
+_F64 = np.dtype(np.float64)
+
+
+def is_number(v):
+    return not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+
+
+def check_rtol(rtol):
+    if not is_number(rtol) or not np.isfinite(rtol) or rtol <= 0:
+        raise ValueError(f"`rtol` must be a finite number > 0, got {rtol!r}")
+    if rtol < 1e-14:
+        raise ValueError(f"`rtol` = {rtol!r} is below what float64 can resolve; use "
+                         "rtol >= 1e-14")
+    return float(rtol)
+
+
+def check_atol(atol, n):
+    if is_number(atol) and np.isfinite(atol) and atol > 0:
+        return np.full(n, float(atol))
+    a = np.array(atol, dtype=np.float64) if is_number(atol) or isinstance(
+        atol, (list, tuple, np.ndarray)) else None
+    if a is None or a.ndim > 1 or (a.ndim == 1 and a.shape != (n,)):
+        raise ValueError(f"`atol` must be a number or an array of shape ({n},) (one per "
+                         f"state), got {atol!r}")
+    if not np.all(np.isfinite(a)) or np.any(a <= 0):
+        raise ValueError(f"`atol` must be finite and > 0, got {atol!r}")
+    return np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)
+
+
+def check_dt(solver, dt):
+    if dt is None:
+        if not solver.adaptive:
+            raise ValueError(f"`dt` is required: {solver!r} takes fixed steps; pass e.g. "
+                             "dt=0.01 (or use an adaptive solver such as Tsit5())")
+        return None
+    if not is_number(dt) or not np.isfinite(dt) or dt <= 0:
+        raise ValueError(f"`dt` must be a finite number > 0, got {dt!r}")
+    return float(dt)
+
+
+def check_max_steps(max_steps):
+    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) \
+            or max_steps < 1:
+        raise ValueError(f"`max_steps` must be a positive int, got {max_steps!r}")
+    return int(max_steps)
+
+
+def saveat_times(saveat, tspan):
+    """None (every step), or the sorted float64 save times inside ``tspan``."""
+    t0, tf = tspan
+    if saveat is None:
+        return None
+    if is_number(saveat):
+        if not np.isfinite(saveat) or saveat <= 0:
+            raise ValueError(f"`saveat` as a number is the spacing of saved times and must be "
+                             f"> 0, got {saveat!r}")
+        k = int(np.floor((tf - t0) / saveat * (1 + 1e-12)))
+        times = np.minimum(t0 + saveat * np.arange(k + 1), tf)
+        return times if times[-1] == tf else np.append(times, tf)
+    try:
+        times = np.array(saveat, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError("`saveat` must be None, a number (spacing) or a 1-D array of times, "
+                         f"got {saveat!r}") from None
+    if times.ndim != 1:
+        raise ValueError(f"`saveat` must be a 1-D array of times, got shape {times.shape}")
+    if times.size == 0 or (times[0] >= t0 and times[-1] <= tf
+                           and (times[1:] >= times[:-1]).all()):
+        return times  # sorted, inside tspan, no NaN (a NaN fails every comparison)
+    if not np.all(np.isfinite(times)):
+        raise ValueError("`saveat` contains NaN or Inf")
+    outside = (times < t0) | (times > tf)
+    if np.any(outside):
+        i = int(np.argmax(outside))
+        raise ValueError(f"`saveat` times must lie in tspan [{t0:g}, {tf:g}]; "
+                         f"saveat[{i}] = {float(times[i])!r}")
+    i = int(np.argmax(times[1:] < times[:-1]))
+    raise ValueError(f"`saveat` must be sorted (increasing): saveat[{i + 1}] = "
+                     f"{float(times[i + 1])!r} < saveat[{i}] = {float(times[i])!r}")
+
+
+_ATOLS = {}
+
+
+def atol_vector(atol, n):
+    """``np.full(n, atol)``, shared between calls (never written to)."""
+    key = (atol, n)
+    a = _ATOLS.get(key)
+    if a is None:
+        if len(_ATOLS) > 256:
+            _ATOLS.clear()
+        a = _ATOLS[key] = np.full(n, atol)
+        a.flags.writeable = False
+    return a
+
+
+def lean_atol(atol, n):
+    """A per-state atol the lean path can pass as it is."""
+    return (type(atol) is np.ndarray and atol.dtype is _F64 and atol.shape == (n,)
+            and atol.flags.c_contiguous)
+
+
+def float_vector(value, n, where, name, expected):
+    """``value`` as a finite, C-contiguous float64 (n,) array (the same object when it
+    already is one); otherwise a ValueError naming ``where``, ``name`` and ``expected``."""
+    a = np.ascontiguousarray(value, dtype=np.float64)
+    if a.shape != (n,):
+        raise ValueError(f"{where}: `{name}` must have {expected}; got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{where}: `{name}` contains NaN or Inf")
+    return a
+
+
+def positive_number(name, v, allow_zero=False):
+    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (
+        v >= 0 if allow_zero else v > 0)
+    if not ok:
+        raise ValueError(f"fit: `{name}` must be a finite number {'>=' if allow_zero else '>'}"
+                         f" 0, got {v!r}")
+    return float(v)
+
+
+def positive_int(name, v, optional=True):
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"fit: `{name}` must be a positive int{' or None' if optional else ''}"
+                         f", got {v!r}")
+    return int(v)
