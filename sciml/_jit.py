@@ -8,10 +8,12 @@ never loads stale machine code.
 
 numba counts references to every array, views included: making a view, or handing
 one to an inlined helper, costs an atomic increment and decrement (~10 ns a view
-here). `borrow` gives an array whose views are not counted (its meminfo is NULL);
-the caller must keep the owner alive for as long as those views are used, which
-`keep_alive` at the end of the function does (numba frees an array after the last
-use of its variable).
+here), and reading a struct out of a struct counts every array inside it.
+`borrow` gives an array, or a whole struct of them, whose views are not counted
+(meminfo NULL). Each loop borrows its arguments on entry (its caller holds them
+for the call); scratch a function allocates itself is borrowed with the owner
+kept alive by `keep_alive` at the end of the function (numba frees an array after
+the last use of its variable).
 """
 
 import functools
@@ -50,28 +52,35 @@ def engine_fingerprint():
 _nets_cache.install_group("SciMLEngine", ENGINE_FOLDERS, engine_fingerprint)
 
 
-@intrinsic
-def borrow(typingctx, arr):
-    """``arr`` without its reference count (only for scratch that never leaves the function)."""
-    if not isinstance(arr, types.Array):
-        return None
-
-    def codegen(context, builder, sig, args):
-        out = context.make_array(sig.args[0])(context, builder, args[0])
+def _borrowed(context, builder, ty, val):
+    if isinstance(ty, types.Array):
+        out = context.make_array(ty)(context, builder, val)
         out.meminfo = cgutils.get_null_value(out.meminfo.type)
         out.parent = cgutils.get_null_value(out.parent.type)
         return out._getvalue()
-
-    return arr(arr), codegen
+    if isinstance(ty, types.BaseTuple):
+        for i, member in enumerate(ty):
+            item = _borrowed(context, builder, member, builder.extract_value(val, i))
+            val = builder.insert_value(val, item, i)
+    return val
 
 
 @intrinsic
-def keep_alive(typingctx, arr):
-    """A use of ``arr`` that does nothing: it lives at least until here."""
-    if not isinstance(arr, types.Array):
-        return None
+def borrow(typingctx, x):
+    """``x`` (an array, or a tuple of arrays, structs, numbers, nested) with no array in
+    it reference-counted: for arguments and scratch that outlive every use of the result."""
+
+    def codegen(context, builder, sig, args):
+        return _borrowed(context, builder, sig.args[0], args[0])
+
+    return x(x), codegen
+
+
+@intrinsic
+def keep_alive(typingctx, x):
+    """A use of ``x`` that does nothing: it lives at least until here."""
 
     def codegen(context, builder, sig, args):
         return context.get_dummy_value()
 
-    return types.none(arr), codegen
+    return types.none(x), codegen

@@ -192,6 +192,7 @@ class ODEProblem:
                 table, trace = model.initial_table(value)
                 object.__setattr__(self, "_u0_fn", value)
                 object.__setattr__(self, "_u0_trace", trace)
+                object.__setattr__(self, "_u0_table", table)  # traced once, here
                 object.__setattr__(self, "_u0", None)
                 object.__setattr__(self, "_plain", False)
                 return
@@ -231,7 +232,7 @@ class ODEProblem:
         table = self.model.kernel_table(*needs)
         if self._u0_fn is None:
             return table
-        init = self.model.initial_table(self._u0_fn)[0]
+        init = self._u0_table
         out = table.copy()
         out[K_INIT], out[K_INIT_VJP] = init[K_INIT], init[K_INIT_VJP]
         return out

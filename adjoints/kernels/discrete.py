@@ -51,6 +51,7 @@ def erk_reverse(m, tab, rec, n_steps, obs_t, G, lam, pbar):
     observation); obs_t (T,), G (T, n) : observation times and dL/du there.
     lam (n,) out: dL/du0 (after the boluses at t0); pbar (n_params,) added to.
     """
+    m, tab, rec, obs_t, G, lam, pbar = borrow((m, tab, rec, obs_t, G, lam, pbar))
     n = lam.shape[0]
     s, s_all = len(tab.b), len(tab.c)
     own = np.zeros((s_all + 3) * n + s_all)
@@ -113,6 +114,7 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     fsys : the forward system that was integrated (its Rosenbrock buffers are reused);
     the rest as `erk_reverse`.
     """
+    fsys, tab, rec, obs_t, G, lam, pbar = borrow((fsys, tab, rec, obs_t, G, lam, pbar))
     m = fsys.m
     n = lam.shape[0]
     s = len(tab.c)

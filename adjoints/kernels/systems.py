@@ -173,13 +173,14 @@ def _adjoint_rhs(a, out, lam, u, t, with_mu):
 
 @jit(inline="always")
 def _jump(a, z, k, lo):
+    """The observation's jump dL/du(t_q), if stop k has one (no step-size restart: see
+    `sys_event`)."""
     q = a.jump[k]
-    if q < 0:
-        return False
-    G = a.G
-    for i in range(G.shape[1]):
-        z[lo + i] += G[q, i]
-    return True
+    if q >= 0:
+        G = a.G
+        for i in range(G.shape[1]):
+            z[lo + i] += G[q, i]
+    return False
 
 
 @jit(inline="always")
@@ -381,20 +382,19 @@ def _back_event(sys, z, k):
     a = sys.a
     n = a.G.shape[1]
     q = a.jump[k]
-    jumped = False
     if q >= 0:
         if sys.anchor:
             for i in range(n):
                 z[i] = sys.U[q, i]
         for i in range(n):
             z[n + i] += a.G[q, i]
-        jumped = True
     off = sys.bol_off
+    lo = hi = 0
     if k + 1 < off.shape[0]:
-        for b in range(off[k], off[k + 1]):
-            z[sys.bol_i[b]] -= sys.bol_a[b]
-            jumped = True
-    return jumped
+        lo, hi = off[k], off[k + 1]
+    for b in range(lo, hi):
+        z[sys.bol_i[b]] -= sys.bol_a[b]
+    return hi > lo  # a dose taken back out of u restarts the step size; a jump does not
 
 
 def _back_jac(sys, z, t, k):

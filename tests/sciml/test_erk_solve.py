@@ -269,6 +269,13 @@ def _no_event(sys, z, k):
     return False
 
 
+def uncached(dispatcher):
+    """The same loop, compiled apart: a signature with a type from this test module must
+    not reach the on-disk cache, where another process could not import its module."""
+    options = {k: v for k, v in dispatcher.targetoptions.items() if k != "nopython"}
+    return numba.njit(cache=False, **options)(dispatcher.py_func)
+
+
 system.register(Leaky, f=_leaky_f, event=_no_event, accept=system.no_accept,
                 interpolates=system.never)
 
@@ -301,7 +308,8 @@ def test_measurement_sees_a_per_step_allocation(nrt_stats):
         prob = lv_prob(tspan=(0.0, tf))
         loop, (sys, tab, ctl, stops, z, rec) = captured_loop(Tsit5(), prob, saveat=[tf])
         args = (Leaky(sys.m), tab, ctl, stops, z, rec)
-        loop(*args[:4], z.copy(), rec)  # compiled (or loaded) for this system first
+        loop = uncached(loop)
+        loop(*args[:4], z.copy(), rec)  # compiled for this system first
         own, (status, _) = own_allocations(loop, (*args[:4], z.copy(), rec))
         assert status == 0
         counts.append((own, int(rec.stats[S_NFEV])))  # and the evaluations

@@ -36,7 +36,7 @@ from sciml.model.trace import trace_initial, trace_model, trace_observables
 from ..alloc import needs_jit
 from . import model_zoo as zoo
 from .test_model_hatch import N, fisher_rhs, fisher_vjp
-from .test_model_kernels import PIECEWISE_BUG, kernel_args
+from .test_model_kernels import kernel_args
 
 # LLVM intrinsics the kernels may call (names without their type suffixes) ...
 INTRINSICS = {"exp", "exp2", "log", "log2", "log10", "sin", "cos", "pow", "powi", "sqrt",
@@ -139,9 +139,7 @@ def _ude_u0(p, nets):
     return [np.exp(z[0]), p.alpha * z[1]]
 
 
-CASES = [pytest.param(make, id=make.__name__[5:],
-                      marks=[PIECEWISE_BUG] if make is zoo.case_piecewise else [])
-         for make in zoo.ZOO + [zoo.case_ude_observed]]
+CASES = [pytest.param(make, id=make.__name__[5:]) for make in zoo.ZOO + [zoo.case_ude_observed]]
 
 
 @pytest.mark.parametrize("make", CASES)

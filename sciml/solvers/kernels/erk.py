@@ -42,16 +42,33 @@ from .system import sys_accept, sys_event, sys_f, sys_interpolates
 # ------------------------------------------------------------------ the step
 
 
+# The sums over stages below run in one of two orders: for a few states, state by
+# state with the stage sum in registers (with a constant tableau, LLVM unrolls it
+# and folds the coefficients); for many states (an adjoint with its parameter
+# integral), stage by stage over contiguous rows, which vectorises.
+SMALL = 16
+
+
 @jit(inline="always")
 def erk_stage_input(tab, out, z, h, K, i):
     """``out = z + h * sum_{j<i} A[i, j] K[j]``: the input of stage ``i``."""
     s = len(tab.c)
     A = tab.A
-    for m in range(z.shape[0]):
-        acc = 0.0
+    nz = z.shape[0]
+    if nz <= SMALL:
+        for m in range(nz):
+            acc = 0.0
+            for j in range(i):
+                acc += A[i * s + j] * K[j, m]
+            out[m] = z[m] + h * acc
+    else:
+        for m in range(nz):
+            out[m] = z[m]
         for j in range(i):
-            acc += A[i * s + j] * K[j, m]
-        out[m] = z[m] + h * acc
+            a = h * A[i * s + j]
+            if a != 0.0:
+                for m in range(nz):
+                    out[m] += a * K[j, m]
 
 
 @jit(inline="always")
@@ -72,15 +89,27 @@ def erk_combine(tab, znew, err, z, h, K):
     method's end stage f(t + h, u_new) may overflow where u_new itself is finite.
     """
     b, e = tab.b, tab.e
-    for m in range(z.shape[0]):
-        acc = 0.0
-        ee = 0.0
+    nz = z.shape[0]
+    if nz <= SMALL:
+        for m in range(nz):
+            acc = 0.0
+            ee = 0.0
+            for i in range(len(b)):
+                if b[i] != 0.0 or e[i] != 0.0:
+                    acc += b[i] * K[i, m]
+                    ee += e[i] * K[i, m]
+            znew[m] = z[m] + h * acc
+            err[m] = h * ee
+    else:
+        for m in range(nz):
+            znew[m] = z[m]
+            err[m] = 0.0
         for i in range(len(b)):
             if b[i] != 0.0 or e[i] != 0.0:
-                acc += b[i] * K[i, m]
-                ee += e[i] * K[i, m]
-        znew[m] = z[m] + h * acc
-        err[m] = h * ee
+                hb, he = h * b[i], h * e[i]
+                for m in range(nz):
+                    znew[m] += hb * K[i, m]
+                    err[m] += he * K[i, m]
 
 
 @jit(inline="always")
@@ -110,11 +139,20 @@ def erk_interp(tab, out, theta, h, z, K, w):
     s = len(tab.c)
     for i in range(s):
         w[i] = erk_weight(tab, i, theta) * h
-    for m in range(out.shape[0]):
-        acc = z[m]
+    nz = out.shape[0]
+    if nz <= SMALL:
+        for m in range(nz):
+            acc = z[m]
+            for i in range(s):
+                acc += w[i] * K[i, m]
+            out[m] = acc
+    else:
+        for m in range(nz):
+            out[m] = z[m]
         for i in range(s):
-            acc += w[i] * K[i, m]
-        out[m] = acc
+            if w[i] != 0.0:
+                for m in range(nz):
+                    out[m] += w[i] * K[i, m]
 
 
 # ------------------------------------------------------------------ the loop
@@ -141,6 +179,7 @@ def erk_integrate(sys, tab, ctl, stops, z, rec):
     -------
     (status, t) : a status code of `control` and the time reached
     """
+    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))  # see sciml._jit
     nz = z.shape[0]
     s = len(tab.b)
     s_all = len(tab.c)

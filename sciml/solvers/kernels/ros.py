@@ -147,6 +147,7 @@ def ros_integrate(sys, tab, ctl, stops, z, rec):
     -------
     (status, t)
     """
+    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))  # see sciml._jit
     nz = z.shape[0]
     s = len(tab.c)
     nh = len(tab.H) // s
@@ -263,7 +264,7 @@ def ros_integrate(sys, tab, ctl, stops, z, rec):
         if lands:
             k += 1
             if sys_event(sys, z, k) and ctl.adaptive:
-                estimate = True  # the state jumped: cap the next step by a fresh estimate
+                estimate = True  # a dose: cap the next step by a fresh estimate
                 log_prev = LOG_ERR0
         h = h_next
         rejected = False

@@ -8,7 +8,9 @@ the implementation by the type of ``sys`` (a named tuple class registered with
 - ``sys_f(sys, out, z, t, k)``: dz/dt at time ``t`` in segment ``k`` (between
   ``stops[k]`` and ``stops[k + 1]``);
 - ``sys_event(sys, z, k)``: what happens on arrival at ``stops[k]`` (a dose, an
-  adjoint jump); returns True if ``z`` jumped;
+  adjoint jump); returns True if the step size is to start afresh (a dose moved
+  the state, so its time scale may have changed; an adjoint's jump at an
+  observation does not: its dynamics are linear, the same before and after);
 - ``sys_accept(sys, tab, t, h, z, znew, K, k)``: work after each accepted step
   (quadratures); returns the evaluations it made; ``sys_interpolates(sys)``: whether
   that work reads the step's interpolant (so extra interpolant stages are needed);
