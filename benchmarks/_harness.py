@@ -436,11 +436,15 @@ class Work:
     a fast implementation is not timed on a few calls of microseconds right
     after the harness's pause (cold caches, a core still waking up), nor a
     slow one (torchdiffeq) repeated for minutes. ``warmup`` (optional) is the
-    untimed first call, e.g. one that records the accuracy.
+    first call (its time is reported), e.g. one that records the accuracy;
+    ``settle`` (optional, untimed, before the calibration) brings ``fn`` to the
+    steady state being timed.
     """
 
-    def __init__(self, name: str, fn, target_s: float, max_units: int = 2000, warmup=None):
+    def __init__(self, name: str, fn, target_s: float, max_units: int = 2000, warmup=None,
+                 settle=None):
         self.fn, self.target_s, self.max_units = fn, target_s, max_units
+        self.settle = settle
         self._calibrated = False
         self.impl = Impl(name, run=self.run, warmup=warmup or self.warmup, setup=self.setup)
 
@@ -449,6 +453,8 @@ class Work:
 
     def setup(self):
         if not self._calibrated:
+            if self.settle is not None:
+                self.settle()
             # The first call after the harness's pause can cost 100x a warm one (caches,
             # an idle core waking up): calibrate on the calls that follow it, for ~target/10.
             self.fn()

@@ -181,7 +181,8 @@ def main(argv=None):
     ratios = {}
     if dfx is not None:
         ratios["diffrax/new model"] = med(dfx) / med(new)
-        print(f"ratio diffrax / ours (new model to first gradient): {ratios['diffrax/new model']:.1f}x")
+        ratio = ratios["diffrax/new model"]
+        print(f"ratio diffrax / ours (new model to first gradient): {ratio:.1f}x")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"bench": "compile_latency", "machine": H.machine_info(args.threads),

@@ -75,18 +75,19 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
     # dense storage, an explicit Runge-Kutta solver) takes a lean path: types checked
     # here, values in the compiled loop (an unexpected one comes back as status -1,
     # nothing solved, for the full path's checks to name). Written out inline: at a few
-    # microseconds a solve, every Python step here shows.
+    # microseconds a solve, every Python step here shows (so ``prob._u0``, not the
+    # property: a plain problem's u0 is an array).
     if (type(saveat) is np.ndarray and type(prob) is ODEProblem and prob._plain
             and threads is None and dense is not True and type(rtol) is float
             and type(max_steps) is int
             and saveat.dtype is _F64 and saveat.ndim == 1 and saveat.flags.c_contiguous
             and ((type(dt) is float and dt > 0.0) if dt is not None else solver.adaptive)
-            and (type(atol) is float or lean_atol(atol, prob.u0.shape[0]))):
+            and (type(atol) is float or lean_atol(atol, prob._u0.shape[0]))):
         lean = solver.__dict__.get("_lean_cache")  # set by ExplicitRK._lean only
         if lean is None or lean[0] is not prob.model:
             lean = solver._lean(prob.model) if isinstance(solver, ExplicitRK) else None
         if lean is not None:
-            model, loop, n, extra, entries = lean
+            model, loop, n, extra, entries, left = lean
             ns = saveat.shape[0]
             out_u, keep = np.empty((ns, n)), np.empty(ns + extra)
             t0, tf = prob.tspan
@@ -97,9 +98,13 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
             call = entries.get(type(atol))
             if call is None:
                 call = _entry_point(entries, loop, atol, (
-                    kern, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol, 0.0, 1))
-            status = call(kern, prob.u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol,
+                    kern, prob._u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol, 0.0, 1))
+            status = call(kern, prob._u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol,
                           0.0 if dt is None else dt, max_steps)
+            if left[0]:  # counting down to the fused entry point (`ExplicitRK._fuse`)
+                left[0] -= 1
+                if not left[0]:
+                    solver._fuse(lean)
             if status >= 0:
                 sol = lean_solution(prob, solver, out_u, keep, status,
                                     None if dense is False else (rtol, atol, dt, max_steps))

@@ -13,11 +13,13 @@ the discrete adjoint that and its vjp, a stiff solve the Jacobian.
 """
 
 import ctypes
+import dataclasses
 import threading
 
 import numpy as np
 
 from sciml.solvers.kernels import calls
+from sciml.solvers.kernels.linked import LinkedCode
 
 from . import code, llvm
 from .derivatives import Kernels
@@ -112,6 +114,16 @@ class Assembly:
         table[calls.K_INIT] = addr["init"]
         table[calls.K_INIT_VJP] = addr["init_vjp"]
         return table
+
+    def linked_rhs(self, n_states):
+        """The right-hand side as IR to link into a loop (`LinkedCode`); None when the
+        model's kernels were given as addresses."""
+        fset = self.sets.get("f")
+        if fset is None:
+            return None
+        tree = fset.tree("rhs", "values")
+        return LinkedCode.of(lambda symbol: llvm.ir_text([dataclasses.replace(tree, name=symbol)]),
+                             n_states)
 
     def source(self, title):
         """Every kernel of the model rendered as Python (generating any not generated yet)."""

@@ -345,6 +345,16 @@ class Model:
         key = (trace.exprs, tuple((c.net, c.inputs, c.outputs) for c in trace.calls))
         return self._asm.initial(key, lambda: KernelSet(trace, specs, n_params)), trace
 
+    def linked_code(self):
+        """The right-hand side's IR for the lean solve's fused path
+        (`sciml.solvers.kernels.linked`), or None where it cannot be shared across
+        processes (kernels given as addresses, custom activations)."""
+        if not hasattr(self, "_linked"):
+            portable = all(_registry.is_builtin(layer.activation)
+                           for chain in self._nets.values() for layer in chain.layers)
+            self._linked = self._asm.linked_rhs(self.n_states) if portable else None
+        return self._linked
+
     def workspace(self, dtype=np.float64):
         """A zeroed scratch vector for the kernels (one per thread)."""
         return np.zeros(max(self._ws_size, 1), dtype=dtype)

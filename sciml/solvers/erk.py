@@ -6,12 +6,21 @@ arrays, so one compiled loop serves every explicit method (and `sciml.solve`'s
 lean path a copy with the coefficients as constants, `kernels.lean`).
 """
 
+import threading
+import warnings
+
+import numba
 import numpy as np
 
 from . import tableaus
 from .base import Solver
 from .kernels import erk as _erk
 from .kernels import lean as _lean
+
+#: Lean solves of one (solver, model) pair after which `sciml.solve` compiles its fused
+#: entry point (the model's right-hand side inlined, `kernels.linked`) in a background
+#: thread, ~10 s once per model and machine (then cached on disk); 0: never.
+FUSE_AFTER = 2000
 
 
 def _positive(cls, name, v, upper=None):
@@ -99,19 +108,48 @@ class ExplicitRK(Solver):
         return self.tableau.n_stages
 
     def _lean(self, model):
-        """``(model, entry, n_states, extra, entries)`` for `sciml.solve`'s lean path (cached
-        for the last model): ``entry`` is `kernels.lean`'s entry point for this tableau
-        and these settings, ``extra`` the length of ``keep`` beyond the save times."""
+        """``(model, entry, n_states, extra, entries, left)`` for `sciml.solve`'s lean path
+        (cached for the last model): ``entry`` is `kernels.lean`'s entry point for this
+        tableau and these settings, ``extra`` the length of ``keep`` beyond the save
+        times, ``entries`` its compiled functions by the type of atol, ``left`` (a
+        one-item list) the lean solves before the fused entry is made (0: never)."""
         lean = self.__dict__.get("_lean_cache")
         if lean is not None and lean[0] is model:
             return lean
-        settings = (self.safety, self.qmin, self.qmax, self.beta1, self.beta2, self.adaptive)
-        entry = _lean.solve_entry(self.tableau.engine(constants=True), settings)
+        entry = _lean.solve_entry(self.tableau.engine(constants=True), self._settings())
         model.kernel_table("rhs")
         extra = model.n_states + model.n_params + _lean.KEEP_TAIL
-        lean = (model, entry, model.n_states, extra, {})  # entry points by the type of atol
+        left = FUSE_AFTER if FUSE_AFTER > 0 and model.linked_code() is not None else 0
+        lean = (model, entry, model.n_states, extra, {}, [left])
         self.__dict__["_lean_cache"] = lean
         return lean
+
+    def _settings(self):
+        return (self.safety, self.qmin, self.qmax, self.beta1, self.beta2, self.adaptive)
+
+    def _fuse(self, lean):
+        """Compile the fused entry point of ``lean``'s model (`kernels.linked`) in a
+        background thread, for the argument types seen so far; swapped in when ready."""
+        model, entry, n, extra, entries, _ = lean
+        sigs = list(getattr(entry, "overloads", {}))
+        fused = _lean.solve_entry(self.tableau.engine(constants=True), self._settings(),
+                                  model.linked_code())
+
+        def work():
+            try:
+                done = {float if isinstance(sig[6], numba.types.Float) else np.ndarray:
+                        fused.compile(sig) for sig in sigs}
+            except Exception as e:  # never needed: the generic entry keeps running
+                warnings.warn(f"{self.name}: no fused solve for {model!r}: {e}", RuntimeWarning,
+                              stacklevel=2)
+                return
+            # `entry` stays the fallback for an argument type not seen yet
+            if self.__dict__.get("_lean_cache") is lean:
+                self.__dict__["_lean_cache"] = (model, entry, n, extra, {**entries, **done}, [0])
+
+        thread = threading.Thread(target=work, name="sciml-fuse", daemon=True)
+        self.__dict__["_fusing"] = thread
+        thread.start()
 
     def interpolate(self, dense, t, out):
         """Dense output at sorted times `t` (inside the solved interval) into `out` (len(t), n)."""

@@ -392,7 +392,7 @@ def test_lean_loop_allocations_do_not_grow_with_steps(cls, nrt_stats):
     steps = []
     for tf, ns in ((5.0, 10), (40.0, 200)):
         prob = lv_prob(tspan=(0.0, tf))
-        model, entry, n, extra, _ = cls()._lean(prob.model)
+        model, entry, n, extra, _, _ = cls()._lean(prob.model)
         assert model is prob.model
         kern = model.kernel_table("rhs")
         t = np.linspace(0.0, tf, ns)

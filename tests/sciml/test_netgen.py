@@ -340,6 +340,8 @@ def test_custom_activation_inside_a_model(cube_activation):
         warnings.simplefilter("error", sm.CacheWarning)  # once per activation
         _custom_case("cube", cube_activation)
     assert "_act_cube_0(" in model.source and "_act_cube_1(" in model.source
+    # its machine code lives at a per-process address: no fused solve, whose code is cached
+    assert model.linked_code() is None and chain_case(Chain(3, Dense(3)))[0].linked_code()
     close(model.rhs(u, theta, T), ref.rhs(u, theta), rtol=1e-13, atol=1e-14, err_msg="rhs")
     close(model.jac(u, theta, T), ref.jac(u, theta), rtol=1e-12, atol=1e-13, err_msg="jac")
     close(model.paramjac(u, theta, T), ref.paramjac(u, theta), rtol=1e-12, atol=1e-13,

@@ -158,3 +158,28 @@ def test_lean_path_warning_points_at_the_caller():
         warnings.simplefilter("always")
         solve(lv_prob(), Tsit5(), saveat=np.linspace(0, 10, 11), max_steps=5)
     assert [x.filename for x in w if issubclass(x.category, SolveWarning)] == [__file__]
+
+
+def test_fused_entry_after_many_solves(monkeypatch):
+    # After FUSE_AFTER lean solves of one (solver, model) pair, `solve` switches to the
+    # entry point with the model's right-hand side linked in (compiled in a background
+    # thread): the same steps and the same values; an atol type it was not compiled for
+    # falls back to the generic entry point.
+    from sciml.solvers import erk
+
+    monkeypatch.setattr(erk, "FUSE_AFTER", 3)
+    prob = lv_prob()
+    t = np.linspace(0, 10, 41)
+    solver = Tsit5()
+    ref = solve(prob, solver, rtol=1e-8, atol=1e-8, saveat=t)
+    generic = solver._lean_cache[4][float]
+    for _ in range(2):
+        solve(prob, solver, rtol=1e-8, atol=1e-8, saveat=t)
+    solver._fusing.join()
+    fused = solver._lean_cache[4][float]
+    assert fused is not generic and solver._lean_cache[5] == [0]
+    sol = solve(prob, solver, rtol=1e-8, atol=1e-8, saveat=t)
+    assert sol.stats == ref.stats
+    np.testing.assert_allclose(sol.u, ref.u, rtol=1e-13, atol=1e-13)
+    per_state = solve(prob, solver, rtol=1e-8, atol=np.array([1e-8, 1e-8]), saveat=t)
+    np.testing.assert_allclose(per_state.u, ref.u, rtol=1e-13, atol=1e-13)

@@ -20,9 +20,11 @@ kernel was not compiled; the Python side fills the slots a call needs
 
 from llvmlite import ir
 from numba import types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
-from sciml._jit import jit
+from sciml._jit import OPTIONS, jit
+
+from .linked import Linked, call_linked
 
 # Kernel table slots.
 (K_WS, K_RHS, K_JAC, K_PJAC, K_VJP, K_HVP, K_OBS, K_OBS_VJP, K_INIT, K_INIT_VJP, K_AUTONOMOUS,
@@ -87,10 +89,16 @@ def call_hvp(typingctx, addr, ubar, pbar, lam, v, u, p, t, ws):
 # ------------------------------------------------------------- named calls
 
 
-@jit(inline="always")
 def rhs(m, du, u, t):
-    """du = f(u, p, t) of model ``m`` (a `sciml.solvers.kernels.structs.Model`)."""
-    call_out(m.kern[K_RHS], du, u, m.p, t, m.ws)
+    """du = f(u, p, t) of model ``m`` (a `structs.Model`, or a `linked.Linked`)."""
+    raise NotImplementedError("kernel calls run only inside compiled loops")
+
+
+@overload(rhs, jit_options=OPTIONS, inline="always")
+def _ov_rhs(m, du, u, t):
+    if getattr(m, "instance_class", None) is Linked:
+        return lambda m, du, u, t: call_linked(m.code, du, u, m.p, t, m.ws)
+    return lambda m, du, u, t: call_out(m.kern[K_RHS], du, u, m.p, t, m.ws)
 
 
 @jit(inline="always")

@@ -18,15 +18,30 @@ every other loop, with LLVM folding the coefficients (on Lotka-Volterra, Tsit5:
 import math
 
 import numpy as np
+from numba import types
+from numba.extending import overload
 
-from sciml._jit import borrow, jit, keep_alive
+from sciml._jit import OPTIONS, borrow, jit, keep_alive
 
 from .calls import K_WS
 from .erk import erk_integrate
+from .linked import Linked, n_states
 from .structs import S_NACC, S_NFEV, S_NREJ, S_NSAVE, Control, Lin, Model, Record
 from .system import Forward
 
 _integrate = jit(inline="always")(erk_integrate.py_func)  # the constants fold into it
+
+
+def bind(kern, p, ws, code):
+    """The model of a lean solve: a `Model`, or with ``code`` a `Linked` one."""
+    raise NotImplementedError("compiled loops only")
+
+
+@overload(bind, jit_options=OPTIONS, inline="always")
+def _ov_bind(kern, p, ws, code):
+    if code is types.none:
+        return lambda kern, p, ws, code: Model(kern, p, ws)
+    return lambda kern, p, ws, code: Linked(kern, p, ws, code)
 
 # The tail of ``keep``: t_end, nfev, n_accepted, n_rejected, n_saved.
 KEEP_TAIL = 5
@@ -34,26 +49,28 @@ KEEP_TAIL = 5
 _ENTRIES = {}
 
 
-def solve_entry(tab, settings):
+def solve_entry(tab, settings, code=None):
     """The lean solve entry point for a constant tableau (an `ERKTableau` of tuples) and
-    controller ``settings = (safety, qmin, qmax, beta1, beta2, adaptive)``."""
-    key = (tab, settings)
+    controller ``settings = (safety, qmin, qmax, beta1, beta2, adaptive)``; with ``code``
+    (a `linked.LinkedCode`), the fused entry point of that model."""
+    key = (tab, settings, code)
     if key not in _ENTRIES:
-        _ENTRIES[key] = _make(tab, settings)
+        _ENTRIES[key] = _make(tab, settings, code)
     return _ENTRIES[key]
 
 
-def _make(tab, settings):
+def _make(tab, settings, code):
     safety, qmin, qmax, beta1, beta2, adaptive = settings
+    n_fixed = n_states(code)  # the state count as a constant (0: read from u0)
 
     @jit
     def lean_solve(kern, u0, p, save_t, out_u, keep, atol, t0, tf, rtol, dt, max_steps):
         """Solve at ``save_t`` into ``out_u`` (T, n); fill ``keep``; return the status
         (-1: an argument value is not as expected, nothing solved)."""
         ns = save_t.shape[0]
-        n = u0.shape[0]
+        n = u0.shape[0] if n_fixed == 0 else n_fixed
         npar = p.shape[0]
-        if (out_u.shape[0] != ns or out_u.shape[1] != n
+        if (u0.shape[0] != n or out_u.shape[0] != ns or out_u.shape[1] != n
                 or keep.shape[0] != ns + n + npar + KEEP_TAIL
                 or not (rtol >= 1e-14 and rtol < math.inf) or not (dt >= 0.0 and dt < math.inf)
                 or max_steps < 1 or not (t0 < tf and tf - t0 < math.inf)
@@ -80,7 +97,7 @@ def _make(tab, settings):
         ws = buf[2 * n + 2:]
         own_i = np.zeros(6, dtype=np.int64)
         stats = borrow(own_i)
-        m = Model(borrow(kern), borrow(p), ws)
+        m = bind(borrow(kern), borrow(p), ws, code)
         no_f, no_i = buf[:0], stats[:0]
         no2 = buf[:0].reshape((0, n))
         no22 = buf[:0].reshape((0, 0))
