@@ -722,9 +722,11 @@ def optimizer_step(code, hyper, p, g, m, v, step):
 
 
 @jit
-def train_steps(meta, p, XT, TT, rows, gather, bs, nsteps, code, mean, l1, l2,
-                opt, hyper, m, v, step, hist, g, G, BUF, nt):
+def train_steps(meta, p, data, bs, nsteps, loss, optimizer, step, hist, g, G, BUF, nt):
     """`nsteps` optimizer steps on consecutive batches of `bs` samples.
+
+    ``data = (XT, TT, rows, gather)`` as `loss_grad_rows` takes them, ``loss =
+    (code, mean, l1, l2)``, ``optimizer = (code, hyper, m, v)`` as `optimizer_step`.
 
     Samples are taken as in `loss_grad_rows`; step s covers samples
     (s*bs) % N up to at most N, so a full-batch run passes bs == N and an
@@ -734,6 +736,9 @@ def train_steps(meta, p, XT, TT, rows, gather, bs, nsteps, code, mean, l1, l2,
     hist[s] = loss (plus penalty) before step s.
     Returns the updated step count.
     """
+    XT, TT, rows, gather = data
+    code, mean, l1, l2 = loss
+    opt, hyper, m, v = optimizer
     n = XT.shape[1]
     nout = meta[-1, OUT]
     for s in range(nsteps):

@@ -158,8 +158,9 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
 
     def run(rows, bs, nsteps, hist, buf):
         optimizer.step = k["train_steps"](
-            chain.meta, p, XT, TT, rows, rows.shape[0] > 0, bs, nsteps, loss.code, loss.mean,
-            loss.l1, loss.l2, optimizer.code, hyper, optimizer.m, optimizer.v, optimizer.step,
+            chain.meta, p, (XT, TT, rows, rows.shape[0] > 0), bs, nsteps,
+            (loss.code, loss.mean, loss.l1, loss.l2),
+            (optimizer.code, hyper, optimizer.m, optimizer.v), optimizer.step,
             hist, buf.g, buf.G, buf.BUF, buf.nt)
 
     out = []

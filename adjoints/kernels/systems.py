@@ -389,9 +389,8 @@ def _back_event(sys, z, k):
         for i in range(n):
             z[n + i] += a.G[q, i]
     off = sys.bol_off
-    lo = hi = 0
-    if k + 1 < off.shape[0]:
-        lo, hi = off[k], off[k + 1]
+    last = off.shape[0] - 1  # past the last event: an empty range
+    lo, hi = off[min(k, last)], off[min(k + 1, last)]
     for b in range(lo, hi):
         z[sys.bol_i[b]] -= sys.bol_a[b]
     return hi > lo  # a dose taken back out of u restarts the step size; a jump does not
