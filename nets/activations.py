@@ -30,7 +30,7 @@ from numba import literal_unroll, types
 from numba.extending import overload
 
 from ._bits import bits_to_float, float_to_bits
-from ._config import jit
+from ._config import FASTMATH, jit
 
 _GELU_C = math.sqrt(2.0 / math.pi)
 
@@ -352,6 +352,29 @@ FORMULAS = {a.name: a.formula for a in TABLE}
 _KERNELS = tuple((a.code, a.value, a.value_slope) for a in TABLE)
 
 
+def _apply(value, value_slope, buf, zo, do, n, need_d):
+    """One row through one activation (compiled only: see its overload)."""
+
+
+@overload(_apply, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
+def _apply_overload(value, value_slope, buf, zo, do, n, need_d):
+    # The functions from their numba types, as free variables of the loop: numba inlines a
+    # free variable's function (a table entry's it would call), so the loop vectorises.
+    f, fd = value.dispatcher, value_slope.dispatcher
+
+    def apply(value, value_slope, buf, zo, do, n, need_d):
+        z = buf[zo:zo + n]
+        if need_d:
+            d = buf[do:do + n]
+            for j in range(n):
+                z[j], d[j] = fd(z[j])
+        else:
+            for j in range(n):
+                z[j] = f(z[j])
+
+    return apply
+
+
 @jit
 def activate_row(code, buf, zo, do, n, need_d):
     """Apply activation `code` to buf[zo:zo+n] in place; derivative to buf[do:do+n].
@@ -360,17 +383,8 @@ def activate_row(code, buf, zo, do, n, need_d):
     row, unrolled at compile time), so each loop is a straight vectorisable body.
     """
     for entry in literal_unroll(_KERNELS):
-        if code == entry[0]:
-            if need_d:
-                f = entry[2]
-                for j in range(n):
-                    a, d = f(buf[zo + j])
-                    buf[zo + j] = a
-                    buf[do + j] = d
-            elif code != 0:  # identity: nothing to do
-                f = entry[1]
-                for j in range(n):
-                    buf[zo + j] = f(buf[zo + j])
+        if code == entry[0] and (need_d or code != 0):  # identity's value: nothing to do
+            _apply(entry[1], entry[2], buf, zo, do, n, need_d)
 
 
 def reference(name, z):
