@@ -111,7 +111,7 @@ nets.loss_and_grad(chain, p, X, X)
 marks = {}
 """
 
-_REPORT = "\nprint('MARKS ' + json.dumps(marks))\n"
+_REPORT = "\nimport json\nprint('MARKS ' + json.dumps(marks))\n"
 
 
 def _run(code, cache):
