@@ -33,7 +33,7 @@ import numpy as np
 from sciml._jit import jit
 from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.family import step_interp, stored_state
-from sciml.solvers.kernels.lu import lu_factor_into, lu_solve_into
+from sciml.solvers.kernels.lu import factor_shifted_into, lu_solve_into
 from sciml.solvers.kernels.structs import Lin, Model, Record
 from sciml.solvers.kernels.system import never, no_accept, register, sys_event, sys_f
 
@@ -186,14 +186,8 @@ def _jump(a, z, k, lo):
 @jit(inline="always")
 def _factor_adjoint(a, ihg, W, piv):
     """W = ihg I - J^T, factored (J at the step's start, in a.lin.J)."""
-    J = a.lin.J
-    n = J.shape[0]
-    for i in range(n):
-        for j in range(n):
-            W[i, j] = -J[j, i]
-        W[i, i] += ihg
     a.at[1] = ihg
-    return lu_factor_into(W, piv) == 0
+    return factor_shifted_into(W, a.lin.J, ihg, -1.0, True, piv)
 
 
 @jit(inline="always")
@@ -410,13 +404,9 @@ def _back_jac(sys, z, t, k):
 
 def _back_factor(sys, ihg):
     a = sys.a
-    J, W = a.lin.J, a.lin.W2
-    n = J.shape[0]
-    for i in range(n):
-        for j in range(n):
-            W[i, j] = J[i, j]  # du/dtau = -f: its Jacobian is -J
-        W[i, i] += ihg
-    return lu_factor_into(W, a.lin.piv2) == 0 and _factor_adjoint(a, ihg, a.lin.W1, a.lin.piv1)
+    # du/dtau = -f: its Jacobian is -J, so W = ihg I + J
+    return (factor_shifted_into(a.lin.W2, a.lin.J, ihg, 1.0, False, a.lin.piv2)
+            and _factor_adjoint(a, ihg, a.lin.W1, a.lin.piv1))
 
 
 def _back_solve(sys, r):
@@ -498,14 +488,8 @@ def _sens_jac(sys, z, t, k):
 
 
 def _sens_factor(sys, ihg):
-    J, W = sys.lin.J, sys.lin.W1
-    n = J.shape[0]
-    for i in range(n):
-        for j in range(n):
-            W[i, j] = -J[i, j]
-        W[i, i] += ihg
     sys.at[1] = ihg
-    return lu_factor_into(W, sys.lin.piv1) == 0
+    return factor_shifted_into(sys.lin.W1, sys.lin.J, ihg, -1.0, False, sys.lin.piv1)
 
 
 def _sens_solve(sys, r):

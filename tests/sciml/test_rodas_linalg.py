@@ -11,7 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from numba.core.runtime import _nrt_python, rtsys
 
-from sciml.solvers.kernels.lu import lu_factor_into, lu_solve_into, lu_solve_transposed_into
+from sciml.solvers.kernels.lu import (
+    factor_shifted_into,
+    lu_factor_into,
+    lu_solve_into,
+    lu_solve_transposed_into,
+)
 
 
 def factor(A):
@@ -30,6 +35,19 @@ def test_factor_matches_scipy(rng, n):
     # Same pivoting rule (largest magnitude in the column), same pivot convention.
     np.testing.assert_array_equal(piv, ref_piv)
     np.testing.assert_allclose(LU, ref_lu, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_factor_shifted_is_the_shifted_matrix_factored(rng, sign, transposed):
+    n = 5
+    J = rng.normal(size=(n, n))
+    W, piv = np.full((n, n), np.nan), np.zeros(n, dtype=np.int64)
+    assert factor_shifted_into(W, J, 37.0, sign, transposed, piv)
+    ref_lu, ref_piv = scipy.linalg.lu_factor(37.0 * np.eye(n) + sign * (J.T if transposed else J))
+    np.testing.assert_array_equal(piv, ref_piv)
+    np.testing.assert_allclose(W, ref_lu, rtol=1e-12, atol=1e-12)
+    assert not factor_shifted_into(W, np.zeros((n, n)), 0.0, sign, transposed, piv)  # singular
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 9, 20])

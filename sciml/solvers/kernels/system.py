@@ -32,7 +32,7 @@ from numba.extending import overload
 from sciml._jit import OPTIONS
 
 from . import calls
-from .lu import lu_factor_into, lu_solve_into
+from .lu import factor_shifted_into, lu_solve_into
 from .structs import Lin, Model
 
 _IMPLS = {}  # hook name -> {system class: implementation}
@@ -195,13 +195,7 @@ def _fwd_jac(sys, z, t, k):
 
 
 def _fwd_factor(sys, ihg):
-    J, W = sys.lin.J, sys.lin.W1
-    n = J.shape[0]
-    for i in range(n):
-        for j in range(n):
-            W[i, j] = -J[i, j]
-        W[i, i] += ihg
-    return lu_factor_into(W, sys.lin.piv1) == 0
+    return factor_shifted_into(sys.lin.W1, sys.lin.J, ihg, -1.0, False, sys.lin.piv1)
 
 
 def _fwd_solve(sys, r):
