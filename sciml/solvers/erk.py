@@ -119,8 +119,7 @@ class ExplicitRK(Solver):
         entry = _lean.solve_entry(self.tableau.engine(constants=True), self._settings())
         model.kernel_table("rhs")
         extra = model.n_states + model.n_params + _lean.KEEP_TAIL
-        left = FUSE_AFTER if FUSE_AFTER > 0 and model.linked_code() is not None else 0
-        lean = (model, entry, model.n_states, extra, {}, [left])
+        lean = (model, entry, model.n_states, extra, {}, [max(FUSE_AFTER, 0)])
         self.__dict__["_lean_cache"] = lean
         return lean
 
@@ -129,11 +128,15 @@ class ExplicitRK(Solver):
 
     def _fuse(self, lean):
         """Compile the fused entry point of ``lean``'s model (`kernels.linked`) in a
-        background thread, for the argument types seen so far; swapped in when ready."""
+        background thread, for the argument types seen so far; swapped in when ready.
+        Nothing for a model whose code cannot be linked (`Model.linked_code`): its IR is
+        printed here, not on the way to a first solve."""
         model, entry, n, extra, entries, _ = lean
+        code = model.linked_code()
+        if code is None:
+            return
         sigs = list(getattr(entry, "overloads", {}))
-        fused = _lean.solve_entry(self.tableau.engine(constants=True), self._settings(),
-                                  model.linked_code())
+        fused = _lean.solve_entry(self.tableau.engine(constants=True), self._settings(), code)
 
         def work():
             try:

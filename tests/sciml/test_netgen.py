@@ -22,12 +22,14 @@ import pytest
 
 import nets
 import nets.activations as act
+import sciml
 import sciml.model as sm
 import sciml.model.model as model_module
 from nets import Chain, Dense
 from sciml.model import llvm, netcode
 from sciml.model.assembly import call
 from sciml.model.code import Assign, At, Kernel, Loop, array, index, real
+from sciml.solvers import erk
 from sciml.solvers.kernels import calls
 
 from ..nets import reference
@@ -332,7 +334,7 @@ def _custom_case(activation, custom):
 
 
 @pytest.mark.usefixtures("fresh_warnings")
-def test_custom_activation_inside_a_model(cube_activation):
+def test_custom_activation_inside_a_model(cube_activation, monkeypatch):
     with pytest.warns(sm.CacheWarning, match=r"`nets\['U'\]` uses the custom activation "
                       r"'cube'.*compiled once in each process"):
         model, theta, u, ref = _custom_case("cube", cube_activation)
@@ -342,6 +344,11 @@ def test_custom_activation_inside_a_model(cube_activation):
     assert "_act_cube_0(" in model.source and "_act_cube_1(" in model.source
     # its machine code lives at a per-process address: no fused solve, whose code is cached
     assert model.linked_code() is None and chain_case(Chain(3, Dense(3)))[0].linked_code()
+    monkeypatch.setattr(erk, "FUSE_AFTER", 2)
+    solver, prob = sciml.Tsit5(), sciml.ODEProblem(model, u, (0.0, 0.5), theta)
+    for _ in range(3):
+        sciml.solve(prob, solver, saveat=np.linspace(0.0, 0.5, 5))
+    assert "_fusing" not in solver.__dict__  # the count ran out: nothing to fuse
     close(model.rhs(u, theta, T), ref.rhs(u, theta), rtol=1e-13, atol=1e-14, err_msg="rhs")
     close(model.jac(u, theta, T), ref.jac(u, theta), rtol=1e-12, atol=1e-13, err_msg="jac")
     close(model.paramjac(u, theta, T), ref.paramjac(u, theta), rtol=1e-12, atol=1e-13,
