@@ -26,6 +26,23 @@ def allocs():
     return rtsys.get_allocation_stats().alloc
 
 
+def n_arrays(x):
+    """Arrays in a (nested) tuple of arguments: what unboxing them from Python allocates."""
+    if isinstance(x, np.ndarray):
+        return 1
+    if isinstance(x, tuple):
+        return sum(n_arrays(y) for y in x)
+    return 0
+
+
+def own_allocations(fn, args):
+    """NRT allocations of one call ``fn(*args)`` from Python beyond unboxing its arrays,
+    and what the call returned."""
+    a0 = allocs()
+    out = fn(*args)
+    return allocs() - a0 - n_arrays(args), out
+
+
 def allocations_in(kernel, args, n=20):
     """(allocations of one call beyond unboxing its arrays, allocations per further call)."""
     repeat(kernel, 1, args)  # compile

@@ -14,20 +14,12 @@ import warnings
 import numpy as np
 import pytest
 
-import adjoints
 import sciml
 from nets import Chain, Dense
 
+from ..methods import METHODS
+
 SOLVERS = {"Tsit5": sciml.Tsit5(), "Vern7": sciml.Vern7(), "Rodas5": sciml.Rodas5()}
-METHODS = {
-    "discrete": adjoints.DiscreteAdjoint(),
-    "interp": adjoints.InterpolatingAdjoint(),
-    "interp_ckpt": adjoints.InterpolatingAdjoint(checkpointing=True),
-    "backsolve": adjoints.BacksolveAdjoint(),
-    "gauss": adjoints.GaussAdjoint(),
-    "quad": adjoints.QuadratureAdjoint(),
-    "forward": adjoints.ForwardSensitivity(),
-}
 TOL = 1e-10
 
 

@@ -23,7 +23,7 @@ import nets
 from nets import Chain, Dense
 from nets import kernels as K
 
-from ..alloc import allocations_in, allocs, needs_jit
+from ..alloc import allocations_in, allocs, n_arrays, needs_jit
 from . import reference as ref
 
 pytestmark = [needs_jit, pytest.mark.usefixtures("nrt_stats")]
@@ -53,8 +53,6 @@ class Recorder:
         return spy
 
 
-def n_arrays(args):
-    return sum(isinstance(a, np.ndarray) for a in args)
 
 
 @pytest.fixture

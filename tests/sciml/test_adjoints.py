@@ -14,18 +14,9 @@ import pytest
 import adjoints
 import sciml
 
-from ..alloc import allocs, needs_jit
+from ..alloc import needs_jit, own_allocations
+from ..methods import METHODS
 from . import model_zoo as mz
-
-METHODS = {
-    "discrete": adjoints.DiscreteAdjoint(),
-    "interp": adjoints.InterpolatingAdjoint(),
-    "interp_ckpt": adjoints.InterpolatingAdjoint(checkpointing=True),
-    "backsolve": adjoints.BacksolveAdjoint(),
-    "gauss": adjoints.GaussAdjoint(),
-    "quad": adjoints.QuadratureAdjoint(),
-    "forward": adjoints.ForwardSensitivity(),
-}
 
 
 def _spiral():
@@ -251,17 +242,7 @@ def _loop_allocations(fn, args):
     """NRT allocations of one call of the compiled loop ``fn`` (after a first, compiling one),
     beyond the one per array argument that calling from Python costs (unboxing)."""
     fn(*_fresh(args))
-    a = allocs()
-    fn(*_fresh(args))
-    return allocs() - a - _n_arrays(args)
-
-
-def _n_arrays(x):
-    if isinstance(x, np.ndarray):
-        return 1
-    if isinstance(x, tuple):
-        return sum(_n_arrays(v) for v in x)
-    return 0
+    return own_allocations(fn, _fresh(args))[0]
 
 
 def _fresh(args):

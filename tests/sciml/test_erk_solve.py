@@ -13,7 +13,7 @@ from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
 from sciml.solvers.kernels import calls, erk, system
 from sciml.solvers.kernels.structs import S_NACC, S_NFEV, Model
 
-from ..alloc import allocations_in, allocs, needs_jit
+from ..alloc import allocations_in, allocs, needs_jit, own_allocations
 from . import handmade as hm
 
 ADAPTIVE = [Tsit5, DP5, BS3, Vern7]
@@ -213,20 +213,6 @@ def test_ensemble_storage_grows(rng):
 # counts below grow with the span (see `test_measurement_sees_a_per_step_allocation`).
 
 
-def n_arrays(x):
-    """Arrays in a (nested) tuple of arguments: what unboxing them allocates."""
-    if isinstance(x, np.ndarray):
-        return 1
-    if isinstance(x, tuple):
-        return sum(n_arrays(y) for y in x)
-    return 0
-
-
-def own_allocations(fn, args):
-    """NRT allocations of one call ``fn(*args)`` from Python beyond unboxing its arrays."""
-    a0 = allocs()
-    out = fn(*args)
-    return allocs() - a0 - n_arrays(args), out
 
 
 def captured_loop(solver, prob, **kw):

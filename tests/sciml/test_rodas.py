@@ -16,7 +16,6 @@ import warnings
 import numba
 import numpy as np
 import pytest
-from numba.core.runtime import rtsys
 
 import sciml
 from sciml.problem import Bolus, Infusion, ODEProblem
@@ -28,6 +27,7 @@ from sciml.solvers.kernels.calls import K_AUTONOMOUS
 from sciml.solvers.kernels.structs import S_NACC
 from sciml.solvers.rosenbrock import Rodas5
 
+from ..alloc import own_allocations
 from . import handmade as hm
 
 VDP_T = np.linspace(0.0, 3000.0, 13)
@@ -479,19 +479,6 @@ def test_storage_growth_resumes(monkeypatch):
 # allocation inside a loop.
 
 
-def n_arrays(x):
-    if isinstance(x, np.ndarray):
-        return 1
-    if isinstance(x, tuple):
-        return sum(n_arrays(y) for y in x)
-    return 0
-
-
-def own_allocations(fn, args):
-    """NRT allocations of one call ``fn(*args)`` from Python beyond unboxing its arrays."""
-    a0 = rtsys.get_allocation_stats().alloc
-    out = fn(*args)
-    return rtsys.get_allocation_stats().alloc - a0 - n_arrays(args), out
 
 
 def captured_loop(solver, prob, **kw):
