@@ -144,7 +144,7 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     does not apply.
 
     One plain problem (no doses, u0 an array), `SSE` on states, an ERK solver, the
-    discrete, interpolating (no checkpoints) or Gauss adjoint with default
+    discrete, interpolating or Gauss adjoint with default
     settings. Checks are cheap here; everything else falls back to the general path.
     """
     if not (type(prob) is ODEProblem and prob._plain and type(data) is Data
@@ -162,9 +162,8 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     elif not isinstance(sensealg, adjoints.SensitivityAlgorithm) or not solver.adaptive \
             or sensealg.rtol is not None or sensealg.atol is not None:
         return None
-    elif t is adjoints.InterpolatingAdjoint and not sensealg.checkpointing \
-            and sensealg.error_on_params:
-        method = 1
+    elif t is adjoints.InterpolatingAdjoint and sensealg.error_on_params:
+        method = 3 if sensealg.checkpointing else 1
     elif t is adjoints.GaussAdjoint:
         method = 2
     else:
@@ -191,11 +190,13 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     if method == 0:
         status, value = _lean_kernels.grad_discrete(kern, tab, ctl, *args)
     else:
-        n_err = model.n_states + model.n_params if method == 1 else model.n_states
+        n_err = model.n_states + model.n_params if method != 2 else model.n_states
         ctl_b = _control(solver, rtol, atol_vector(float(np.min(atol_v)), n_err), None,
                          max_steps + 200 * (obs_t.shape[0] + 2))
         if method == 1:
             status, value = _lean_kernels.grad_interp(kern, tab, ctl, ctl_b, *args)
+        elif method == 3:
+            status, value = _lean_kernels.grad_interp_checkpointed(kern, tab, ctl, ctl_b, *args)
         else:
             status, value = _lean_kernels.grad_gauss(kern, tab, ctl, ctl_b,
                                                      sensealg.quadrature(solver), *args)

@@ -5,11 +5,12 @@ backward stops (in ``tau = -t``), the observation row at each of them and the
 forward segment of each backward segment. `adjoint_data` builds the
 `systems.Adjoint` every backward system holds.
 
-The lean entries (`grad_discrete`, `grad_interp`, `grad_gauss`, and
-`grad_discrete_many` in parallel threads) are `sciml.loss_and_grad`'s common
-case in one compiled call: one problem without doses, a sum of squares on
-states, an explicit RK solver. Each runs the forward solve with its steps
-stored, the loss and its jumps, and the backward pass.
+The lean entries (`grad_discrete`, `grad_interp`, `grad_interp_checkpointed`,
+`grad_gauss`, and `grad_discrete_many` in parallel threads) are
+`sciml.loss_and_grad`'s common case in one compiled call: one problem without
+doses, a sum of squares on states, an explicit RK solver. Each runs the
+forward solve with its steps stored (with checkpoints: interval by interval),
+the loss and its jumps, and the backward pass.
 """
 
 import math
@@ -137,6 +138,15 @@ def first_step(ctl, rec, n_steps):
 
 
 @jit
+def _interp_back(m, fsys, tab, ctl_b, rec, n_steps, stops, obs_t, G, z, stats):
+    """The interpolating adjoint back over one stored forward solve: ``z = [lambda, mu]``
+    in and out."""
+    stops_b, jump, fseg = backward_schedule(stops, obs_t)
+    a = adjoint_data(m, fsys, tab, rec, n_steps, fseg, jump, G, fsys.lin)
+    return _backward(Interp(a), tab, first_step(ctl_b, rec, n_steps), stops_b, z, stats)
+
+
+@jit
 def grad_interp(kern, tab, ctl, ctl_b, u0, p, span, data, grad, stats):
     """`grad_discrete` by the interpolating adjoint (backward control ``ctl_b``)."""
     obs_t, Yd, Wd, cols = data
@@ -145,14 +155,56 @@ def grad_interp(kern, tab, ctl, ctl_b, u0, p, span, data, grad, stats):
     if status != SUCCESS:
         return status, math.inf
     loss, G = sse_jumps(rec.save_z, Yd, Wd, cols, n)
-    stops_b, jump, fseg = backward_schedule(stops, obs_t)
-    a = adjoint_data(m, fsys, tab, rec, n_steps, fseg, jump, G, fsys.lin)
-    npar = p.shape[0]
-    z = np.zeros(n + npar)
-    status = _backward(Interp(a), tab, first_step(ctl_b, rec, n_steps), stops_b, z, stats)
-    for i in range(npar):
+    z = np.zeros(n + p.shape[0])
+    status = _interp_back(m, fsys, tab, ctl_b, rec, n_steps, stops, obs_t, G, z, stats)
+    for i in range(grad.shape[0]):
         grad[i] = z[n + i]
     return status, loss
+
+
+@jit
+def grad_interp_checkpointed(kern, tab, ctl, ctl_b, u0, p, span, data, grad, stats):
+    """`grad_interp` with checkpoints at the observation times: a forward solve keeping
+    only the states there, then, last interval first, each interval re-solved with its
+    steps stored and integrated back (memory: the steps of one interval)."""
+    obs_t, Yd, Wd, cols = data
+    n = u0.shape[0]
+    breaks = np.unique(np.concatenate((np.array([span[0], span[1]]), obs_t)))
+    nb = breaks.shape[0]
+    m = Model(kern, p, np.zeros(max(kern[K_WS], 1)))
+    no_i = np.zeros(0, dtype=np.int64)
+    no_f = np.zeros(0)
+    no2 = np.zeros((0, 0))
+    fsys = Forward(m, no_i, no_i, no_f, Lin(no2, no2, no_i, no2, no_i))
+    ub = np.zeros((nb, n))
+    rec = Record(breaks, ub, False, no_f, False, no_f, np.zeros((0, n)), np.zeros((0, 0, n)),
+                 np.zeros(0, dtype=np.int8), no_i, np.zeros(6, dtype=np.int64))
+    stops = np.array([span[0], span[1]])
+    status, t = integrate(fsys, tab, ctl, stops, u0.copy(), rec)
+    if status != SUCCESS:
+        return status, math.inf
+    loss, G = sse_jumps(ub[np.searchsorted(breaks, obs_t)], Yd, Wd, cols, n)
+    z = np.zeros(n + p.shape[0])
+    stats[0] = 0
+    for i in range(nb - 2, -1, -1):
+        lo, hi = breaks[i], breaks[i + 1]
+        # the observations in (lo, hi], and at lo for the first interval
+        qa = np.searchsorted(obs_t, lo, side="right") if i > 0 else 0
+        qb = np.searchsorted(obs_t, hi, side="right")
+        stops[0], stops[1] = lo, hi
+        obs_i = np.ascontiguousarray(obs_t[qa:qb])
+        status, t, rec_i, _ = integrate_stored(fsys, tab, ctl, stops, ub[i], obs_i, 64)
+        if status != SUCCESS:
+            return status, math.inf
+        n_steps = int(rec_i.stats[S_NACC])
+        stats[0] += n_steps
+        status = _interp_back(m, fsys, tab, ctl_b, rec_i, n_steps, stops, obs_i,
+                              np.ascontiguousarray(G[qa:qb]), z, stats)
+        if status != SUCCESS:
+            return status, loss
+    for i in range(grad.shape[0]):
+        grad[i] = z[n + i]
+    return SUCCESS, loss
 
 
 @jit

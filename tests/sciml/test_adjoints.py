@@ -285,14 +285,15 @@ def test_sensitivity_loops_do_not_allocate_per_step(method, solver, nrt_stats, m
     del ac, af
 
 
-@pytest.mark.parametrize("method", ["discrete", "interp", "gauss"])
+@pytest.mark.parametrize("method", ["discrete", "interp", "interp_ckpt", "gauss"])
 def test_lean_path_agrees_with_the_general_one(method):
-    # One plain problem with SSE on states takes one compiled call (`adj_lean`); threads=1
-    # forces the general path, which must give the same numbers.
+    # One plain problem with SSE on states takes one compiled call (`adjoints.kernels.
+    # backward`); threads=1 forces the general path, which must give the same numbers.
     prob, data = _spiral()
+    sensealg = METHODS[method]
     for kw in ({}, dict(solver=sciml.RK4(), dt=0.05)) if method == "discrete" else ({},):
-        lean = sciml.loss_and_grad(prob, data, sensealg=METHODS[method], **kw)
-        general = sciml.loss_and_grad(prob, data, sensealg=METHODS[method], threads=1, **kw)
+        lean = sciml.loss_and_grad(prob, data, sensealg=sensealg, **kw)
+        general = sciml.loss_and_grad(prob, data, sensealg=sensealg, threads=1, **kw)
         assert lean[0] == pytest.approx(general[0], rel=1e-13)
         np.testing.assert_array_equal(lean[1], general[1])
 
