@@ -1,0 +1,90 @@
+"""Residual error models: the variance of an observation given its prediction.
+
+Each model has named standard deviations (its *sigma* parameters) and gives
+``R(f)``, the residual variance at prediction ``f``, and ``dR/df`` (the
+interaction of FOCE-I and Laplace: the variance moves with the random
+effects through the prediction). As in nlmixr2, a combined error adds the
+variances (``add.sd**2 + (prop.sd * f)**2``).
+"""
+
+import math
+
+import numpy as np
+
+__all__ = ["Additive", "Proportional", "Combined"]
+
+
+def _sd(value, cls, name):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{cls}: `{name}` must be a number (a standard deviation), got "
+                        f"{value!r}") from None
+    if not (v > 0.0 and math.isfinite(v)):
+        raise ValueError(f"{cls}: `{name}` must be a standard deviation > 0, got {value!r}")
+    return v
+
+
+class ErrorModel:
+    """Base class: ``names`` of the standard deviations, ``sd`` their values."""
+
+    names: tuple = ()
+
+    def __init__(self, *sd):
+        self.sd = tuple(_sd(v, type(self).__name__, n) for v, n in zip(sd, self.names))
+
+    def variance(self, f, sd):
+        """``(R, dR/df)`` at predictions ``f`` for standard deviations ``sd``."""
+        raise NotImplementedError
+
+    def dvariance_dsd(self, f, sd):
+        """dR/d sd_k for each of ``sd``: a list of arrays like ``f``."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}({', '.join(f'{v:g}' for v in self.sd)})"
+
+
+class Additive(ErrorModel):
+    """``y = f + eps``, ``eps ~ N(0, sd**2)``."""
+
+    names = ("sd",)
+
+    def __init__(self, sd):
+        super().__init__(sd)
+
+    def variance(self, f, sd):
+        return np.full_like(f, sd[0] ** 2), np.zeros_like(f)
+
+    def dvariance_dsd(self, f, sd):
+        return [np.full_like(f, 2.0 * sd[0])]
+
+
+class Proportional(ErrorModel):
+    """``y = f (1 + eps)``, ``eps ~ N(0, sd**2)``: variance ``(sd f)**2``."""
+
+    names = ("sd",)
+
+    def __init__(self, sd):
+        super().__init__(sd)
+
+    def variance(self, f, sd):
+        return (sd[0] * f) ** 2, 2.0 * sd[0] ** 2 * f
+
+    def dvariance_dsd(self, f, sd):
+        return [2.0 * sd[0] * f * f]
+
+
+class Combined(ErrorModel):
+    """Additive and proportional: variance ``add**2 + (prop f)**2``."""
+
+    names = ("add", "prop")
+
+    def __init__(self, add, prop):
+        super().__init__(add, prop)
+
+    def variance(self, f, sd):
+        return sd[0] ** 2 + (sd[1] * f) ** 2, 2.0 * sd[1] ** 2 * f
+
+    def dvariance_dsd(self, f, sd):
+        return [np.full_like(f, 2.0 * sd[0]), 2.0 * sd[1] * f * f]

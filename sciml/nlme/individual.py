@@ -1,0 +1,125 @@
+"""The individual-parameter function, traced once: model parameters from theta, eta, covariates.
+
+``individual(theta, eta, cov)`` is plain Python, like a model function:
+``{"ka": np.exp(theta.tka + eta.ka), "CL": np.exp(theta.tcl + eta.cl) * (cov.WT / 70)
+** 0.75}``. It is called once with symbols (the model tracer's `Sym`), and
+its expressions and their exact derivatives over theta and eta become one
+numpy function (sympy ``lambdify``). Model parameters it does not return
+keep the subject's values.
+"""
+
+import numpy as np
+import sympy
+
+from sciml.model.trace import ModelError, Sym
+
+__all__ = ["Individual"]
+
+
+class _Names:
+    """``theta.NAME`` / ``eta.NAME`` / ``cov.NAME`` inside the traced function."""
+
+    def __init__(self, kind, symbols, known, why):
+        object.__setattr__(self, "_kind", kind)
+        object.__setattr__(self, "_symbols", symbols)
+        object.__setattr__(self, "_known", known)
+        object.__setattr__(self, "_why", why)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        symbols = self.__dict__["_symbols"]
+        if name not in symbols:
+            known = self.__dict__["_known"]
+            if known is not None and name not in known:
+                raise ValueError(f"NLME: `individual` uses {self._kind} {name!r}, "
+                                 f"{self._why}; known: {', '.join(known) or '(none)'}")
+            symbols[name] = sympy.Symbol(f"{self._kind}_{name}", real=True)
+        return Sym(symbols[name])
+
+    __getitem__ = __getattr__
+
+    def __setattr__(self, name, value):
+        raise ValueError(f"NLME: `individual` cannot set {self._kind}.{name}")
+
+
+def _expr(value, where):
+    if isinstance(value, Sym):
+        return value.expr
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return sympy.Float(float(value))
+    raise ModelError(f"NLME: `individual` returned {type(value).__name__} for {where}; "
+                     "expected a number or an expression of theta, eta and cov")
+
+
+class Individual:
+    """A traced individual-parameter function.
+
+    Attributes
+    ----------
+    params : tuple of str
+        The model parameters it sets, in the order of its dict.
+    index : ndarray of int
+        Their positions in the model's flat parameter vector.
+    covariates : tuple of str
+        The covariates it reads (``cov.NAME``).
+    """
+
+    def __init__(self, fn, model, theta_names, eta_names):
+        if not callable(fn):
+            raise TypeError(f"NLME: `individual` must be a function individual(theta, eta, "
+                            f"cov) returning {{model parameter: expression}}, got {fn!r}")
+        th = {n: sympy.Symbol(f"theta_{n}", real=True) for n in theta_names}
+        et = {n: sympy.Symbol(f"eta_{n}", real=True) for n in eta_names}
+        cv = {}
+        proxies = (_Names("theta", th, tuple(theta_names), "which is not in `theta`"),
+                   _Names("eta", et, tuple(eta_names), "which has no entry in `omega`"),
+                   _Names("covariate", cv, None, ""))
+        out = fn(*proxies)
+        if not isinstance(out, dict) or not out:
+            raise TypeError("NLME: `individual` must return a non-empty dict {model parameter: "
+                            f"expression}}, got {type(out).__name__}")
+        unknown = [k for k in out if k not in model.params]
+        if unknown:
+            raise ValueError(f"NLME: `individual` sets {', '.join(map(repr, unknown))}, not "
+                             f"parameters of the model; its parameters: "
+                             f"{', '.join(model.params)}")
+        self.params = tuple(out)
+        self.index = np.array([model.param_slices[k].start for k in out], dtype=np.int64)
+        self.covariates = tuple(cv)
+        exprs = [_expr(v, f"parameter {k!r}") for k, v in out.items()]
+        ths, ets, cvs = list(th.values()), list(et.values()), list(cv.values())
+        d_eta = [[sympy.diff(e, s) for s in ets] for e in exprs]
+        d_theta = [[sympy.diff(e, s) for s in ths] for e in exprs]
+        args = [ths, ets, cvs]
+        self._values = sympy.lambdify(args, exprs, modules="numpy", cse=True)
+        self._derivs = sympy.lambdify(args, [exprs, d_eta, d_theta], modules="numpy", cse=True)
+
+    def values(self, theta, eta, cov):
+        """The parameters it sets, (k,)."""
+        return np.array(self._values(theta, eta, cov), dtype=float).ravel()
+
+    def derivatives(self, theta, eta, cov):
+        """``(phi (k,), dphi/deta (k, n_eta), dphi/dtheta (k, n_theta))``."""
+        phi, de, dt = self._derivs(theta, eta, cov)
+        k = len(self.params)
+        return (np.array(phi, dtype=float).ravel(),
+                np.array(de, dtype=float).reshape(k, -1),
+                np.array(dt, dtype=float).reshape(k, -1))
+
+    def subject_covariates(self, subject):
+        """This subject's covariate vector (a clear error for one that is missing)."""
+        cov = getattr(subject, "covariates", None) or {}
+        out = []
+        for name in self.covariates:
+            if name not in cov:
+                sid = getattr(subject, "id", "?")
+                raise ValueError(f"NLME: subject {sid!r} has no covariate {name!r} (used by "
+                                 f"`individual`); its covariates: {', '.join(cov) or '(none)'}")
+            try:
+                out.append(float(cov[name]))
+            except (TypeError, ValueError):
+                raise ValueError(f"NLME: covariate {name!r} of subject "
+                                 f"{getattr(subject, 'id', '?')!r} is {cov[name]!r}, not a "
+                                 "number") from None
+        return np.array(out)

@@ -1,0 +1,333 @@
+"""`NLME`: a population model (a `sciml.Model`, an individual-parameter function, typical
+values, between-subject covariance, residual errors) and its estimation.
+
+The population parameters, as the optimiser sees them, are one unconstrained
+vector: the thetas as given, each omega block as its Cholesky factor (log
+diagonal, then the entries below it) and the log of each residual standard
+deviation. The objective is the sum of the subjects' contributions
+(`likelihood`); each subject's empirical Bayes estimate is warm-started from
+the last one found.
+"""
+
+import math
+
+import numpy as np
+from scipy import optimize
+
+from sciml.solvers.erk import Tsit5
+
+from .errors import ErrorModel
+from .individual import Individual
+from .likelihood import METHODS, Subject
+from .predict import SubjectFit
+from .results import NLMEFit
+
+__all__ = ["NLME"]
+
+_FD_X = 1e-4  # central-difference step of the outer gradient (unconstrained parameters)
+
+
+def _omega_blocks(omega):
+    """``[(names, matrix)]`` from ``{name: variance, (name, ...): matrix}``, checked."""
+    if not isinstance(omega, dict) or not omega:
+        raise TypeError("NLME: `omega` must be a non-empty dict {eta name: variance} (or "
+                        "{(eta names): covariance matrix} for a block)")
+    blocks, seen = [], set()
+    for key, value in omega.items():
+        names = (key,) if isinstance(key, str) else tuple(key)
+        if not names or not all(isinstance(n, str) and n.isidentifier() for n in names):
+            raise ValueError(f"NLME: `omega` key {key!r} must be an eta name or a tuple of them")
+        dup = seen.intersection(names)
+        if dup:
+            raise ValueError(f"NLME: `omega` names eta {sorted(dup)[0]!r} twice")
+        seen.update(names)
+        try:
+            m = np.array(value, dtype=float).reshape(len(names), len(names))
+        except (TypeError, ValueError):
+            raise ValueError(f"NLME: `omega[{key!r}]` must be a variance (one eta) or a "
+                             f"{len(names)}x{len(names)} covariance matrix, got {value!r}") \
+                from None
+        if not np.all(np.isfinite(m)) or not np.allclose(m, m.T, rtol=0, atol=1e-14):
+            raise ValueError(f"NLME: `omega[{key!r}]` must be finite and symmetric, got "
+                             f"{m.tolist()}")
+        if np.min(np.linalg.eigvalsh(m)) <= 0:
+            raise ValueError(f"NLME: `omega[{key!r}]` is not positive definite (eigenvalues "
+                             f"{np.round(np.linalg.eigvalsh(m), 6).tolist()}); variances must "
+                             "be > 0 and correlations inside (-1, 1)")
+        blocks.append((names, m))
+    return blocks
+
+
+class NLME:
+    """A nonlinear mixed-effects model with networks allowed in its dynamics.
+
+    Parameters
+    ----------
+    model : sciml.Model
+        The dynamics, observables and doses (subjects from `sciml.data.read_events`).
+    individual : callable
+        ``individual(theta, eta, cov) -> {model parameter: expression}``, plain Python
+        traced once (``theta.NAME``, ``eta.NAME``, ``cov.NAME``; numpy functions such as
+        ``np.exp``); model parameters it does not set keep each subject's values.
+    theta : dict
+        Typical values (fixed effects), name -> initial value.
+    omega : dict
+        Between-subject covariance as variances: ``{eta: variance}`` (diagonal) or
+        ``{(eta1, eta2): [[v1, c], [c, v2]]}`` (a block).
+    error : dict
+        Observable (or state) -> residual error model (`Additive`, `Proportional`,
+        `Combined`), for every observed column.
+    nets : dict, optional
+        Reserved for networks of the individual function (not yet supported); networks
+        in the dynamics come with ``model``.
+
+    Examples
+    --------
+    >>> pop = sciml.nlme.NLME(model, lambda th, eta, cov: {
+    ...     "ka": np.exp(th.tka + eta.ka), "cl": np.exp(th.tcl + eta.cl),
+    ...     "v": np.exp(th.tv + eta.v)},
+    ...     theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+    ...     omega={"ka": 0.6, "cl": 0.3, "v": 0.1}, error={"cp": sciml.nlme.Additive(0.7)})
+    >>> fit = pop.fit(subjects, method="focei")
+    """
+
+    def __init__(self, model, individual, theta, omega, error, nets=None):
+        if nets:
+            raise NotImplementedError("NLME: networks in the individual-parameter function "
+                                      "are not supported yet; put them in the model")
+        if not isinstance(theta, dict) or not theta:
+            raise TypeError("NLME: `theta` must be a non-empty dict {name: initial value}")
+        self.model = model
+        self.theta_names = tuple(theta)
+        self.theta0 = np.array([_number(v, f"theta[{k!r}]") for k, v in theta.items()])
+        self.blocks = _omega_blocks(omega)
+        self.eta_names = tuple(n for names, _ in self.blocks for n in names)
+        if not isinstance(error, dict) or not error:
+            raise TypeError("NLME: `error` must be a dict {observable: sciml.nlme.Additive(sd)"
+                            ", ...}")
+        pool = set(model.obs_names) | set(model.states)
+        for name, e in error.items():
+            if name not in pool:
+                raise ValueError(f"NLME: `error` names {name!r}, not an observable or state of "
+                                 f"the model ({', '.join(model.obs_names + model.states)})")
+            if not isinstance(e, ErrorModel):
+                raise TypeError(f"NLME: `error[{name!r}]` must be sciml.nlme.Additive, "
+                                f"Proportional or Combined, got {e!r}")
+        self.error_names = tuple(error)
+        self.errors = tuple(error.values())
+        self.sigma_names = tuple(f"{o}.{n}" for o, e in error.items() for n in e.names)
+        self.sigma0 = np.array([v for e in self.errors for v in e.sd])
+        self.individual = Individual(individual, model, self.theta_names, self.eta_names)
+
+    # ---------------------------------------------------------------- parameters
+
+    def _omega_matrix(self, blocks):
+        k = len(self.eta_names)
+        om = np.zeros((k, k))
+        o = 0
+        for m in blocks:
+            b = m.shape[0]
+            om[o:o + b, o:o + b] = m
+            o += b
+        return om
+
+    def pack(self, theta, blocks, sigma):
+        """The unconstrained vector of (theta, omega blocks, sigma)."""
+        parts = [np.asarray(theta, dtype=float)]
+        for m in blocks:
+            L = np.linalg.cholesky(m)
+            b = L.shape[0]
+            parts.append(np.log(np.diag(L)))
+            parts.append(L[np.tril_indices(b, -1)])
+        parts.append(np.log(np.asarray(sigma, dtype=float)))
+        return np.concatenate(parts)
+
+    def unpack(self, x):
+        """``(theta, omega blocks, sigma)`` of an unconstrained vector."""
+        nt = len(self.theta_names)
+        theta, o = x[:nt], nt
+        blocks = []
+        for names, _ in self.blocks:
+            b = len(names)
+            L = np.diag(np.exp(x[o:o + b]))
+            o += b
+            nl = b * (b - 1) // 2
+            L[np.tril_indices(b, -1)] = x[o:o + nl]
+            o += nl
+            blocks.append(L @ L.T)
+        return theta, blocks, np.exp(x[o:])
+
+    def _sd_per_error(self, sigma):
+        out, o = [], 0
+        for e in self.errors:
+            out.append(tuple(sigma[o:o + len(e.names)]))
+            o += len(e.names)
+        return out
+
+    # ---------------------------------------------------------------- objective
+
+    def prepare(self, subjects, solver=None, rtol=1e-8, atol=1e-10, max_steps=100_000):
+        """The subjects as the likelihood needs them (`predict.SubjectFit`)."""
+        if not isinstance(subjects, (list, tuple)) or not subjects:
+            raise TypeError("NLME: `subjects` must be a non-empty list of sciml.data.Subject "
+                            "(from sciml.data.read_events)")
+        solver = Tsit5() if solver is None else solver
+
+        def error_of(name):
+            if name not in self.error_names:
+                raise ValueError(f"NLME: observations of {name!r} have no error model; add "
+                                 f"error={{{name!r}: sciml.nlme.Additive(sd)}}")
+            return self.error_names.index(name)
+
+        return [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
+                           max_steps) for s in subjects]
+
+    def _objective(self, fits, x, method, etas):
+        theta, blocks, sigma = self.unpack(x)
+        omega = self._omega_matrix(blocks)
+        sds = self._sd_per_error(sigma)
+        total = 0.0
+        new = []
+        for sf, eta0 in zip(fits, etas):
+            value, eta = Subject(sf, self.errors, theta, omega, sds, method).objective(eta0)
+            total += value
+            new.append(eta)
+        return total, new
+
+    def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei", **solve):
+        """The objective (-2 log-likelihood, no ``n log 2 pi``) at fixed values.
+
+        ``theta``, ``sigma`` : dicts (or sequences in the model's order); ``omega`` : a
+        dict as in the constructor; each defaults to the initial values.
+        """
+        method = _method(method)
+        fits = self.prepare(subjects, **solve)
+        x = self.pack(self._theta_vector(theta), self._blocks_of(omega),
+                      self._sigma_vector(sigma))
+        k = len(self.eta_names)
+        return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
+
+    def _theta_vector(self, theta):
+        if theta is None:
+            return self.theta0
+        if isinstance(theta, dict):
+            unknown = set(theta) - set(self.theta_names)
+            if unknown:
+                raise ValueError(f"NLME: unknown theta {sorted(unknown)}; thetas: "
+                                 f"{', '.join(self.theta_names)}")
+            return np.array([theta.get(n, v) for n, v in zip(self.theta_names, self.theta0)],
+                            dtype=float)
+        return np.array(theta, dtype=float).reshape(len(self.theta_names))
+
+    def _sigma_vector(self, sigma):
+        if sigma is None:
+            return self.sigma0
+        if isinstance(sigma, dict):
+            unknown = set(sigma) - set(self.sigma_names)
+            if unknown:
+                raise ValueError(f"NLME: unknown sigma {sorted(unknown)}; sigmas: "
+                                 f"{', '.join(self.sigma_names)}")
+            return np.array([sigma.get(n, v) for n, v in zip(self.sigma_names, self.sigma0)],
+                            dtype=float)
+        return np.array(sigma, dtype=float).reshape(len(self.sigma_names))
+
+    def _blocks_of(self, omega):
+        if omega is None:
+            return [m for _, m in self.blocks]
+        given = _omega_blocks(omega)
+        if [n for n, _ in given] != [n for n, _ in self.blocks]:
+            raise ValueError(f"NLME: `omega` must have the model's blocks "
+                             f"{[n for n, _ in self.blocks]}, got {[n for n, _ in given]}")
+        return [m for _, m in given]
+
+    # ---------------------------------------------------------------- estimation
+
+    def fit(self, subjects, method="focei", *, fixed=(), max_iter=500, covariance=True,
+            **solve):
+        """Estimate theta, omega and sigma by minimising the objective of ``method``.
+
+        Parameters
+        ----------
+        subjects : list of sciml.data.Subject
+        method : {"focei", "foce", "laplace", "fo"}
+        fixed : sequence of str
+            Theta and sigma names (e.g. ``"tka"``, ``"cp.sd"``) kept at their values.
+        max_iter : int
+            Iterations of the outer optimiser (BFGS).
+        covariance : bool
+            Run the covariance step (standard errors from the objective's Hessian).
+        **solve
+            ``solver``, ``rtol``, ``atol``, ``max_steps`` of the subjects' solves.
+
+        Returns
+        -------
+        NLMEFit
+        """
+        method = _method(method)
+        fits = self.prepare(subjects, **solve)
+        x0 = self.pack(self.theta0, [m for _, m in self.blocks], self.sigma0)
+        free = self._free(fixed)
+        k = len(self.eta_names)
+        etas = [np.zeros(k) for _ in fits]
+        state = {"etas": etas, "n_eval": 0}
+
+        def full(z):
+            x = x0.copy()
+            x[free] = z
+            return x
+
+        def fun(z):
+            value, new = self._objective(fits, full(z), method, state["etas"])
+            state["n_eval"] += 1
+            if np.isfinite(value):
+                state["etas"] = new
+            return value
+
+        def grad(z):
+            g = np.empty(z.shape[0])
+            for i in range(z.shape[0]):
+                d = np.zeros(z.shape[0])
+                d[i] = _FD_X
+                hi = self._objective(fits, full(z + d), method, state["etas"])[0]
+                lo = self._objective(fits, full(z - d), method, state["etas"])[0]
+                g[i] = (hi - lo) / (2 * _FD_X)
+            state["n_eval"] += 2 * z.shape[0]
+            return g
+
+        res = optimize.minimize(fun, x0[free], jac=grad, method="BFGS",
+                                options={"maxiter": max_iter, "gtol": 1e-4})
+        x = full(res.x)
+        value, etas = self._objective(fits, x, method, state["etas"])
+        return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)
+
+    def _free(self, fixed):
+        fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
+        nt = len(self.theta_names)
+        n_om = sum(len(n) * (len(n) + 1) // 2 for n, _ in self.blocks)
+        mask = np.ones(nt + n_om + len(self.sigma_names), dtype=bool)
+        for name in fixed:
+            if name in self.theta_names:
+                mask[self.theta_names.index(name)] = False
+            elif name in self.sigma_names:
+                mask[nt + n_om + self.sigma_names.index(name)] = False
+            else:
+                raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta or sigma "
+                                 f"({', '.join(self.theta_names + self.sigma_names)})")
+        return np.nonzero(mask)[0]
+
+
+def _number(v, what):
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"NLME: `{what}` must be a number, got {v!r}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"NLME: `{what}` must be finite, got {v!r}")
+    return x
+
+
+def _method(method):
+    if method not in METHODS:
+        raise ValueError(f"NLME: `method` must be one of {', '.join(map(repr, METHODS))}, got "
+                         f"{method!r}")
+    return method

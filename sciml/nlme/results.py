@@ -1,0 +1,197 @@
+"""`NLMEFit`: estimates, standard errors, the diagnostics table and the plots of a fit."""
+
+import numpy as np
+
+from .likelihood import Subject
+
+__all__ = ["NLMEFit"]
+
+
+class NLMEFit:
+    """The result of `NLME.fit`.
+
+    Attributes
+    ----------
+    objective : float
+        -2 log-likelihood of ``method`` at the estimates (no ``n log 2 pi``, as NONMEM
+        and nlmixr2 report it).
+    theta, sigma : dict
+        Estimates by name (sigma: residual standard deviations, ``"cp.sd"``).
+    omega : ndarray (n_eta, n_eta)
+        Between-subject covariance (variances on the diagonal), order ``eta_names``.
+    eta : ndarray (n_subjects, n_eta)
+        Empirical Bayes estimates, in the order of the subjects.
+    se : dict
+        Standard errors by name (thetas, ``"omega.<eta>"`` variances,
+        ``"omega.<eta1>,<eta2>"`` covariances, sigmas), from the inverse of half the
+        objective's Hessian in these parameters (central differences); empty without
+        the covariance step, NaN where the Hessian is not positive definite.
+    aic, bic : float
+    n_obs : int
+    success : bool, message : str
+        The outer optimiser's report.
+    """
+
+    def __init__(self, pop, fits, method, x, value, etas, res, free, covariance):
+        self.pop, self._fits, self.method = pop, fits, method
+        self._x, self._free = x, free
+        theta, blocks, sigma = pop.unpack(x)
+        self.theta = dict(zip(pop.theta_names, theta.tolist()))
+        self.omega = pop._omega_matrix(blocks)
+        self.eta_names = pop.eta_names
+        self.sigma = dict(zip(pop.sigma_names, sigma.tolist()))
+        self.objective = float(value)
+        self.eta = np.array(etas)
+        self.ids = [sf.id for sf in fits]
+        self.n_obs = int(sum(sf.y.shape[0] for sf in fits))
+        k = len(free)
+        self.aic = self.objective + 2 * k
+        self.bic = self.objective + k * np.log(self.n_obs)
+        self.success, self.message = bool(res.success), str(res.message)
+        self.n_iter = int(getattr(res, "nit", 0))
+        self.se = self._standard_errors() if covariance else {}
+        self._table = None
+
+    def __repr__(self):
+        th = ", ".join(f"{k}={v:.4g}" for k, v in self.theta.items())
+        return (f"NLMEFit({self.method}, objective={self.objective:.3f}, {th}, "
+                f"omega diag={np.round(np.diag(self.omega), 4).tolist()}, "
+                f"sigma={ {k: round(v, 4) for k, v in self.sigma.items()} })")
+
+    # ---------------------------------------------------------------- covariance step
+
+    def _natural(self):
+        """``(names, values, to_x)``: the free parameters on their own scales and the map
+        back to the optimiser's vector."""
+        pop = self.pop
+        theta, blocks, sigma = pop.unpack(self._x)
+        names, vals = list(pop.theta_names), list(theta)
+        for (enames, _), m in zip(pop.blocks, blocks):
+            for i in range(len(enames)):
+                for j in range(i + 1):
+                    names.append(f"omega.{enames[i]}" if i == j else
+                                 f"omega.{enames[i]},{enames[j]}")
+                    vals.append(m[i, j])
+        names += list(pop.sigma_names)
+        vals += list(sigma)
+        vals = np.array(vals)
+        nt = len(pop.theta_names)
+
+        def to_x(v):
+            th, o, bl = v[:nt], nt, []
+            for enames, _ in pop.blocks:
+                b = len(enames)
+                m = np.zeros((b, b))
+                for i in range(b):
+                    for j in range(i + 1):
+                        m[i, j] = m[j, i] = v[o]
+                        o += 1
+                bl.append(m)
+            return pop.pack(th, bl, v[o:])
+
+        return names, vals, to_x
+
+    def _standard_errors(self):
+        names, v0, to_x = self._natural()
+        free = self._free
+        k = len(self.eta_names)
+        etas = [e.copy() for e in self.eta]
+
+        def f(v):
+            try:
+                x = to_x(v)
+            except np.linalg.LinAlgError:  # a step left the positive-definite cone
+                return np.nan
+            return self.pop._objective(self._fits, x, self.method, etas)[0]
+
+        n = len(free)
+        h = 1e-3 * np.maximum(np.abs(v0[free]), 1e-2)
+        f0 = self.objective
+        H = np.empty((n, n))
+        for a in range(n):
+            ea = np.zeros_like(v0)
+            ea[free[a]] = h[a]
+            H[a, a] = (f(v0 + ea) - 2 * f0 + f(v0 - ea)) / h[a] ** 2
+            for b in range(a):
+                eb = np.zeros_like(v0)
+                eb[free[b]] = h[b]
+                H[a, b] = H[b, a] = (f(v0 + ea + eb) - f(v0 + ea - eb) - f(v0 - ea + eb)
+                                     + f(v0 - ea - eb)) / (4 * h[a] * h[b])
+        del k
+        out = {nm: np.nan for nm in names}
+        if np.all(np.isfinite(H)) and np.min(np.linalg.eigvalsh(H)) > 0:
+            cov = 2.0 * np.linalg.inv(H)  # objective = -2 log L
+            for a, i in enumerate(free):
+                out[names[i]] = float(np.sqrt(cov[a, a]))
+        self.hessian = H
+        return out
+
+    # ---------------------------------------------------------------- diagnostics
+
+    @property
+    def table(self):
+        """Per observation: ID, TIME, DV, PRED, IPRED, RES, IRES, IWRES, WRES, CWRES (a pandas
+        DataFrame when pandas is installed, else a dict of arrays).
+
+        PRED/IPRED: predictions at eta = 0 and at the estimates; WRES and CWRES the
+        residuals decorrelated (symmetric inverse square root) by the FO covariance at
+        eta = 0 and the FOCE covariance at the estimates (Hooker et al., Pharm. Res. 24,
+        2007); IWRES = IRES / sqrt(R(IPRED))."""
+        if self._table is None:
+            self._table = self._make_table()
+        try:
+            import pandas as pd
+        except ImportError:
+            return dict(self._table)
+        return pd.DataFrame(self._table)
+
+    def _make_table(self):
+        pop = self.pop
+        theta, blocks, sigma = pop.unpack(self._x)
+        omega = pop._omega_matrix(blocks)
+        sds = pop._sd_per_error(sigma)
+        cols = {c: [] for c in ("ID", "TIME", "DV", "PRED", "IPRED", "RES", "IRES", "IWRES",
+                                "WRES", "CWRES")}
+        for sf, eta in zip(self._fits, self.eta):
+            s = Subject(sf, pop.errors, theta, omega, sds, "focei")
+            _, _, _, f0, G0, R0 = s.evaluate(np.zeros_like(eta))
+            _, _, _, fi, Gi, Ri = s.evaluate(eta)
+            y = sf.y
+            wres = _decorrelate(G0 @ omega @ G0.T + np.diag(R0), y - f0)
+            cwres = _decorrelate(Gi @ omega @ Gi.T + np.diag(Ri), y - fi + Gi @ eta)
+            for c, v in (("ID", [sf.id] * y.shape[0]), ("TIME", sf.t), ("DV", y),
+                         ("PRED", f0), ("IPRED", fi), ("RES", y - f0), ("IRES", y - fi),
+                         ("IWRES", (y - fi) / np.sqrt(Ri)), ("WRES", wres),
+                         ("CWRES", cwres)):
+                cols[c].extend(list(v))
+        return {c: (np.array(v) if c != "ID" else v) for c, v in cols.items()}
+
+    def gof(self, path=None):
+        """Goodness-of-fit plots (DV vs PRED and IPRED, CWRES vs TIME and PRED): a
+        matplotlib figure, saved to ``path`` when given."""
+        import matplotlib.pyplot as plt
+
+        t = self._table if self._table is not None else self._make_table()
+        self._table = t
+        fig, ax = plt.subplots(2, 2, figsize=(9, 8))
+        for a, x, label in ((ax[0, 0], "PRED", "population"), (ax[0, 1], "IPRED", "individual")):
+            a.scatter(t[x], t["DV"], s=12, alpha=0.7)
+            hi = max(np.max(t[x]), np.max(t["DV"]))
+            a.plot([0, hi], [0, hi], "k--", lw=1)
+            a.set(xlabel=x, ylabel="DV", title=f"DV vs {label} prediction")
+        for a, x in ((ax[1, 0], "TIME"), (ax[1, 1], "PRED")):
+            a.scatter(t[x], t["CWRES"], s=12, alpha=0.7)
+            a.axhline(0, color="k", lw=1)
+            for s in (-2, 2):
+                a.axhline(s, color="k", lw=0.5, ls=":")
+            a.set(xlabel=x, ylabel="CWRES", title=f"CWRES vs {x}")
+        fig.suptitle(f"{self.method.upper()}: objective {self.objective:.2f}")
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=120)
+        return fig
+
+
+def _decorrelate(C, r):
+    w, V = np.linalg.eigh(C)
+    return V @ ((V.T @ r) / np.sqrt(w))

@@ -1,0 +1,179 @@
+"""`sciml.nlme`: the objectives against closed forms and the published theo_sd FOCE-I fit.
+
+- A model linear in the random effects (``y = a + b t`` with random ``a``, ``b`` and
+  additive error) has an exact Gaussian marginal likelihood, which every method must
+  reproduce (scipy's multivariate normal; FO, FOCE, FOCE-I and Laplace are exact there).
+- theo_sd (nlmixr2data; all 132 observations, time-0 ones included) by FOCE-I
+  from nlmixr2's start values must reach nlmixr2's published estimates.
+- Bad input gets an error naming what is wrong.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import sciml
+import sciml.nlme as nl
+from sciml.data import read_events
+
+DATA = Path(__file__).resolve().parents[2] / "examples" / "data"
+
+
+# ---------------------------------------------------------------- linear in eta
+
+
+def _line(u, p, t):
+    return [p.b]  # x = b t from x(0) = 0
+
+
+LINE = sciml.Model(_line, ["x"], ["a", "b"], observables={"y": lambda u, p: p.a + u.x})
+
+
+def _line_subjects(n=6, seed=1):
+    rng = np.random.default_rng(seed)
+    t = np.linspace(0.5, 4.0, 5)
+    table = {"ID": [], "TIME": [], "DV": [], "AMT": [], "EVID": []}
+    for i in range(n):
+        a, b = 1.0 + 0.5 * rng.normal(), 0.3 + 0.2 * rng.normal()
+        y = a + b * t + 0.1 * rng.normal(size=t.shape)
+        table["ID"] += [i + 1] * len(t)
+        table["TIME"] += t.tolist()
+        table["DV"] += y.tolist()
+        table["AMT"] += [0.0] * len(t)
+        table["EVID"] += [0] * len(t)
+    return read_events(table, LINE, {1: "x"}, "y", params=[0.0, 0.0], tspan=(0.0, 4.0))
+
+
+def _line_pop(**kw):
+    return nl.NLME(LINE, lambda th, eta, cov: {"a": th.ta + eta.a, "b": th.tb + eta.b},
+                   theta={"ta": 0.8, "tb": 0.2}, omega={("a", "b"): [[0.3, 0.02], [0.02, 0.05]]},
+                   error={"y": nl.Additive(0.15)}, **kw)
+
+
+def _exact(subjects, ta, tb, omega, sd):
+    """-2 log-likelihood without the n log 2 pi constant, in closed form."""
+    total = 0.0
+    for s in subjects:
+        t, y = s.data.t, s.data.y[:, 0]
+        Z = np.column_stack([np.ones_like(t), t])
+        C = Z @ omega @ Z.T + sd**2 * np.eye(len(t))
+        logpdf = stats.multivariate_normal(ta + tb * t, C).logpdf(y)
+        total += -2 * logpdf - len(t) * np.log(2 * np.pi)
+    return total
+
+
+@pytest.mark.parametrize("method", ["fo", "foce", "focei", "laplace"])
+def test_every_method_is_exact_for_a_model_linear_in_eta(method):
+    subjects = _line_subjects()
+    pop = _line_pop()
+    om = np.array([[0.3, 0.02], [0.02, 0.05]])
+    got = pop.objective(subjects, theta={"ta": 0.8, "tb": 0.2}, sigma={"y.sd": 0.15},
+                        method=method)
+    assert got == pytest.approx(_exact(subjects, 0.8, 0.2, om, 0.15), rel=1e-7)
+    other = {("a", "b"): [[0.5, -0.05], [-0.05, 0.1]]}
+    got = pop.objective(subjects, theta=[1.1, 0.25], omega=other, sigma=[0.2], method=method)
+    assert got == pytest.approx(_exact(subjects, 1.1, 0.25, np.array(other[("a", "b")]), 0.2),
+                                rel=1e-7)
+
+
+def test_the_fit_of_a_linear_model_is_the_maximum_likelihood_estimate():
+    subjects = _line_subjects(n=10, seed=3)
+    fit = _line_pop().fit(subjects, method="focei")
+
+    def exact(z):
+        L = np.array([[np.exp(z[2]), 0.0], [z[3], np.exp(z[4])]])
+        return _exact(subjects, z[0], z[1], L @ L.T, np.exp(z[5]))
+
+    from scipy.optimize import minimize
+
+    ref = minimize(exact, [0.8, 0.2, 0.5 * np.log(0.3), 0.0, 0.5 * np.log(0.05),
+                           np.log(0.15)], method="Nelder-Mead",
+                   options={"maxiter": 20000, "xatol": 1e-9, "fatol": 1e-11})
+    assert fit.objective == pytest.approx(ref.fun, abs=1e-5)
+    assert fit.theta["ta"] == pytest.approx(ref.x[0], abs=1e-3)
+    assert fit.theta["tb"] == pytest.approx(ref.x[1], abs=1e-3)
+    assert fit.sigma["y.sd"] == pytest.approx(np.exp(ref.x[5]), rel=1e-3)
+    # the empirical Bayes estimates are the posterior means of the Gaussian model
+    om, sd = fit.omega, fit.sigma["y.sd"]
+    for s, eta in zip(subjects, fit.eta):
+        t, y = s.data.t, s.data.y[:, 0]
+        Z = np.column_stack([np.ones_like(t), t])
+        r = y - fit.theta["ta"] - fit.theta["tb"] * t
+        post = np.linalg.solve(Z.T @ Z / sd**2 + np.linalg.inv(om), Z.T @ r / sd**2)
+        np.testing.assert_allclose(eta, post, atol=1e-6)
+    table = fit.table
+    np.testing.assert_allclose(np.asarray(table["RES"]), np.asarray(table["DV"])
+                               - np.asarray(table["PRED"]))
+    assert set(fit.se) >= {"ta", "tb", "omega.a", "omega.b,a", "omega.b", "y.sd"}
+    assert all(np.isfinite(v) and v > 0 for v in fit.se.values())
+
+
+# ---------------------------------------------------------------- theo_sd, the anchor
+
+
+def _one_cpt(u, p, t):
+    return [-p.ka * u.depot, p.ka * u.depot - p.cl / p.v * u.central]
+
+
+THEO = sciml.Model(_one_cpt, ["depot", "central"], ["ka", "cl", "v"],
+                   observables={"cp": lambda u, p: u.central / p.v})
+
+
+def _theo_individual(theta, eta, cov):
+    return {"ka": np.exp(theta.tka + eta.ka), "cl": np.exp(theta.tcl + eta.cl),
+            "v": np.exp(theta.tv + eta.v)}
+
+
+def _theo_pop():
+    return nl.NLME(THEO, _theo_individual, theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+                   omega={"ka": 0.6, "cl": 0.3, "v": 0.1}, error={"cp": nl.Additive(0.7)})
+
+
+def _theo_subjects():
+    return read_events(str(DATA / "theo_sd_nlmixr2data.csv"), THEO, {1: "depot", 2: "central"},
+                       "cp", params=[1.0, 1.0, 1.0])
+
+
+def test_theo_sd_focei_reproduces_nlmixr2():
+    # nlmixr2 FOCE-I on theo_sd (published): OBJF 116.80; tka 0.464, tcl 1.012, tv 3.460;
+    # omega variances 0.400, 0.069, 0.019; add.sd 0.694.
+    fit = _theo_pop().fit(_theo_subjects(), method="focei", covariance=False)
+    assert fit.n_obs == 132
+    assert fit.objective == pytest.approx(116.80, abs=0.1)
+    for name, ref in (("tka", 0.464), ("tcl", 1.012), ("tv", 3.460)):
+        assert fit.theta[name] == pytest.approx(ref, abs=0.02)
+    np.testing.assert_allclose(np.diag(fit.omega), [0.400, 0.069, 0.019], rtol=0.15)
+    assert fit.sigma["cp.sd"] == pytest.approx(0.694, abs=0.01)
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_bad_input_names_the_argument():
+    subjects = _theo_subjects()
+    kw = dict(theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45}, error={"cp": nl.Additive(0.7)})
+    with pytest.raises(ValueError, match=r"uses eta 'v', which has no entry in `omega`"):
+        nl.NLME(THEO, _theo_individual, omega={"ka": 0.6, "cl": 0.3}, **kw)
+    with pytest.raises(ValueError, match=r"`omega\[\('ka', 'cl'\)\]` is not positive definite"):
+        nl.NLME(THEO, _theo_individual, omega={("ka", "cl"): [[0.6, 0.7], [0.7, 0.3]], "v": 0.1},
+                **kw)
+    with pytest.raises(ValueError, match=r"sets 'Q', not parameters of the model"):
+        nl.NLME(THEO, lambda th, eta, cov: {"ka": np.exp(th.tka + eta.ka), "Q": th.tcl},
+                omega={"ka": 0.6}, **kw)
+    with pytest.raises(ValueError, match=r"uses theta 'tq', which is not in `theta`"):
+        nl.NLME(THEO, lambda th, eta, cov: {"ka": np.exp(th.tq + eta.ka)}, omega={"ka": 0.6},
+                **kw)
+    pop = nl.NLME(THEO, lambda th, eta, cov: {"ka": np.exp(th.tka + eta.ka),
+                                              "v": np.exp(th.tv) * cov.AGE / 40},
+                  omega={"ka": 0.6}, **kw)
+    with pytest.raises(ValueError, match=r"subject 1 has no covariate 'AGE'.*its covariates: WT"):
+        pop.objective(subjects)
+    with pytest.raises(ValueError, match=r"`method` must be one of"):
+        _theo_pop().objective(subjects, method="saem")
+    with pytest.raises(ValueError, match=r"`error` names 'conc', not an observable"):
+        nl.NLME(THEO, _theo_individual, theta=kw["theta"], omega={"ka": 0.6, "cl": 0.3, "v": 0.1},
+                error={"conc": nl.Additive(0.7)})
+    with pytest.raises(ValueError, match=r"Additive: `sd` must be a standard deviation > 0"):
+        nl.Additive(-1.0)
