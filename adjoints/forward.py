@@ -11,6 +11,7 @@ at the observations by the method's interpolant, like the states.
 
 import numpy as np
 
+from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.kernels.structs import lin, record
 
@@ -47,12 +48,17 @@ class ForwardSensitivity(SensitivityAlgorithm):
         return ("jac", "paramjac", "hvp") if solver.stiff else ("jac", "paramjac")
 
     def forward(self, job):
+        return self.prepare(job)(job.p)
+
+    def prepare(self, job):
+        """``run(p) -> State``: the augmented solve of ``job`` at parameters ``p``, with its
+        system, control and tableau built once (for many solves of one problem, such as a
+        subject's empirical Bayes iterations)."""
         n, npar = job.n, job.n_params
-        fsys = job.system(*self.needs(job.solver))
+        p_buf = np.array(job.p, dtype=np.float64)  # the systems read it: updated in place
+        fsys = common.forward_system(job.table(*self.needs(job.solver)), p_buf, job.sched, n,
+                                     job.stiff)
         nz = n + n * npar
-        z = np.zeros(nz)
-        z[:n] = job.prob.initial_state(job.p)
-        z[n:] = _initial_sensitivities(job).ravel()
         width = max(n, npar) + 1
         sys = Sens(fsys.m, fsys, np.zeros((n, n)), np.zeros((n, npar)), np.zeros((n, npar)),
                    np.zeros((4, width)), np.zeros(npar), lin(n) if job.stiff else fsys.lin,
@@ -61,30 +67,39 @@ class ForwardSensitivity(SensitivityAlgorithm):
         atol = atol.copy()
         atol[:n] = job.atol if self.atol is None else self.atol
         ctl = job.solver.control(rtol, atol, job.dt, job.max_steps)
-        rec = record(nz, job.obs_t)
-        status, t_end = job.solver._loop()(sys, job.solver.engine_tableau(), ctl,
-                                           job.sched.stops, z, rec)
-        if status != 0:
-            raise SolveFailed(f"ForwardSensitivity: the augmented solve failed: "
-                              f"{STATUS_TEXT.get(int(status), status)}")
-        Z = rec.save_z
+        loop, tab = job.solver._loop(), job.solver.engine_tableau()
         T = job.obs_t.shape[0]
-        st = State(np.ascontiguousarray(Z[:, :n]), 0, float(t_end), fsys, None, rec, 0, z[:n])
-        st.S = Z[:, n:].reshape(T, n, npar)
-        return st
+
+        def run(p):
+            p_buf[:] = p
+            z = np.empty(nz)
+            z[:n] = job.prob.initial_state(p_buf)
+            z[n:] = _initial_sensitivities(job, p_buf).ravel()
+            rec = record(nz, job.obs_t)
+            status, t_end = loop(sys, tab, ctl, job.sched.stops, z, rec)
+            if status != 0:
+                raise SolveFailed(f"ForwardSensitivity: the augmented solve failed: "
+                                  f"{STATUS_TEXT.get(int(status), status)}")
+            Z = rec.save_z
+            st = State(np.ascontiguousarray(Z[:, :n]), 0, float(t_end), fsys, None, rec, 0,
+                       z[:n])
+            st.S = Z[:, n:].reshape(T, n, npar)
+            return st
+
+        return run
 
     def backward(self, job, state, G):
         # S carries du0/dp already: no dL/du0 left to pass on
         return np.einsum("qi,qij->j", G, state.S), None
 
 
-def _initial_sensitivities(job):
-    """du0/dp (n, n_params): zeros for a fixed u0, else one reverse pass per state."""
+def _initial_sensitivities(job, p):
+    """du0/dp (n, n_params) at ``p``: zeros for a fixed u0, else one reverse pass per state."""
     n, npar = job.n, job.n_params
     S0 = np.zeros((n, npar))
     if job.prob.u0_function is not None:
         for i in range(n):
             e = np.zeros(n)
             e[i] = 1.0
-            S0[i] = job.prob.initial_vjp(job.p, e)
+            S0[i] = job.prob.initial_vjp(p, e)
     return S0

@@ -17,6 +17,7 @@ from adjoints._forward import Job, values
 from adjoints.forward import ForwardSensitivity
 from sciml._validate import check_atol
 from sciml.solvers import common
+from sciml.solvers.kernels.observe import observe_along, observe_sensitivities
 
 _SENS = ForwardSensitivity()
 
@@ -51,8 +52,9 @@ class SubjectFit:
         self.err_index = np.array([error_of_column(names[j]) for j in c], dtype=np.int64)
         self.job = Job(prob, prob.params.copy(), common.schedule(prob), solver, rtol,
                        check_atol(atol, model.n_states), None, max_steps, data.t)
-        if self.kind == "observables":
-            model.kernel_table("obs", "obs_vjp")
+        self.kern = prob.kernel_table("obs", "obs_vjp") if self.kind == "observables" else None
+        self.ws = model.workspace()
+        self._sens = None  # the prepared sensitivity solve (`ForwardSensitivity.prepare`)
 
     def params(self, phi):
         p = self.job.prob.params.copy()
@@ -62,8 +64,12 @@ class SubjectFit:
     def predict(self, phi, sens=True):
         """``f`` (m,) and, with ``sens``, ``df/dphi`` (m, k) at individual parameters ``phi``."""
         p = self.params(phi)
-        job = replace(self.job, p=p)
-        st = _SENS.forward(job) if sens else values(job).check()
+        if sens:
+            if self._sens is None:
+                self._sens = _SENS.prepare(self.job)
+            st = self._sens(p)
+        else:
+            st = values(replace(self.job, p=p)).check()
         U = st.u
         model, idx = self.model, self.individual.index
         m = self.y.shape[0]
@@ -74,16 +80,12 @@ class SubjectFit:
             if sens:
                 F[:] = st.S[self.obs_q, self.col][:, idx]
             return f, F
-        n = model.n_states
-        ybar = np.zeros(model.n_obs)
-        for j in range(m):
-            q, c = self.obs_q[j], self.col[j]
-            u, t = U[q], self.job.obs_t[q]
-            f[j] = model.observe(u, p, t)[c]
-            if sens:
-                ybar[:] = 0.0
-                ybar[c] = 1.0
-                ubar, pbar = np.empty(n), np.zeros(model.n_params)
-                model._call("obs_vjp", (ubar, pbar, ybar, np.ascontiguousarray(u), p), t)
-                F[j] = (ubar @ st.S[q] + pbar)[idx]
-        return f, F
+        if not sens:
+            Y = np.empty((U.shape[0], model.n_obs))
+            observe_along(self.kern, p, self.ws, Y, self.job.obs_t, U)
+            return Y[self.obs_q, self.col], None
+        Fp = np.empty((m, model.n_params))
+        observe_sensitivities(self.kern, p, self.ws, U, np.ascontiguousarray(st.S),
+                              self.job.obs_t, self.obs_q, self.col, np.empty(model.n_obs), f,
+                              Fp)
+        return f, np.ascontiguousarray(Fp[:, idx])

@@ -1,5 +1,7 @@
 """Observables along a trajectory, and their reverse pass as adjoint jumps."""
 
+import numpy as np
+
 from sciml._jit import jit
 
 from . import calls
@@ -25,3 +27,31 @@ def observe_jumps(kern, p, ws, G, pbar, Ybar, U, ts, ub):
         calls.observe_vjp(m, ub, pbar, Ybar[q], U[q], ts[q])
         for i in range(ub.shape[0]):
             G[q, i] += ub[i]
+
+
+@jit
+def observe_sensitivities(kern, p, ws, U, S, ts, rows, cols, y, f, F):
+    """Observed values and their parameter derivatives along forward sensitivities.
+
+    For each observation ``j`` (row ``rows[j]`` of the trajectory, observable
+    ``cols[j]``): ``f[j] = g_c(U[r], p, ts[r])`` and ``F[j] = dg_c/du S[r] + dg_c/dp``.
+    U (T, n), S (T, n, n_params), y (n_obs,) scratch, f (m,), F (m, n_params).
+    """
+    m = Model(kern, p, ws)
+    n = U.shape[1]
+    npar = p.shape[0]
+    ybar = np.zeros(y.shape[0])
+    ub = np.zeros(n)
+    for j in range(rows.shape[0]):
+        r, c = rows[j], cols[j]
+        calls.observe(m, y, U[r], ts[r])
+        f[j] = y[c]
+        ybar[c] = 1.0
+        for k in range(npar):
+            F[j, k] = 0.0
+        calls.observe_vjp(m, ub, F[j], ybar, U[r], ts[r])
+        ybar[c] = 0.0
+        for i in range(n):
+            if ub[i] != 0.0:
+                for k in range(npar):
+                    F[j, k] += ub[i] * S[r, i, k]
