@@ -37,8 +37,9 @@ class ErrorModel:
         """``(R, dR/df)`` at predictions ``f`` for standard deviations ``sd``."""
         raise NotImplementedError
 
-    def dvariance_dsd(self, f, sd):
-        """dR/d sd_k for each of ``sd``: a list of arrays like ``f``."""
+    def terms(self, f, sd):
+        """``(R, R', R'', dR/dsd, dR'/dsd)``: the variance, its first and second derivatives
+        in ``f``, and the derivatives of the first two in each sd (arrays (n_sd, len(f)))."""
         raise NotImplementedError
 
     def __repr__(self):
@@ -56,8 +57,9 @@ class Additive(ErrorModel):
     def variance(self, f, sd):
         return np.full_like(f, sd[0] ** 2), np.zeros_like(f)
 
-    def dvariance_dsd(self, f, sd):
-        return [np.full_like(f, 2.0 * sd[0])]
+    def terms(self, f, sd):
+        z = np.zeros_like(f)
+        return np.full_like(f, sd[0] ** 2), z, z, np.full((1, f.shape[0]), 2.0 * sd[0]), z[None]
 
 
 class Proportional(ErrorModel):
@@ -71,8 +73,10 @@ class Proportional(ErrorModel):
     def variance(self, f, sd):
         return (sd[0] * f) ** 2, 2.0 * sd[0] ** 2 * f
 
-    def dvariance_dsd(self, f, sd):
-        return [2.0 * sd[0] * f * f]
+    def terms(self, f, sd):
+        s = sd[0]
+        return ((s * f) ** 2, 2.0 * s * s * f, np.full_like(f, 2.0 * s * s),
+                (2.0 * s * f * f)[None], (4.0 * s * f)[None])
 
 
 class Combined(ErrorModel):
@@ -86,5 +90,8 @@ class Combined(ErrorModel):
     def variance(self, f, sd):
         return sd[0] ** 2 + (sd[1] * f) ** 2, 2.0 * sd[1] ** 2 * f
 
-    def dvariance_dsd(self, f, sd):
-        return [np.full_like(f, 2.0 * sd[0]), 2.0 * sd[1] * f * f]
+    def terms(self, f, sd):
+        a, p = sd
+        return (a * a + (p * f) ** 2, 2.0 * p * p * f, np.full_like(f, 2.0 * p * p),
+                np.stack([np.full_like(f, 2.0 * a), 2.0 * p * f * f]),
+                np.stack([np.zeros_like(f), 4.0 * p * f]))

@@ -94,6 +94,10 @@ class Individual:
         args = [ths, ets, cvs]
         self._values = sympy.lambdify(args, exprs, modules="numpy", cse=True)
         self._derivs = sympy.lambdify(args, [exprs, d_eta, d_theta], modules="numpy", cse=True)
+        d2_ee = [[[sympy.diff(d, s) for s in ets] for d in row] for row in d_eta]
+        d2_et = [[[sympy.diff(d, s) for s in ths] for d in row] for row in d_eta]
+        self._second = sympy.lambdify(args, [d2_ee, d2_et], modules="numpy", cse=True)
+        self.n_eta, self.n_theta = len(ets), len(ths)
 
     def values(self, theta, eta, cov):
         """The parameters it sets, (k,)."""
@@ -106,6 +110,13 @@ class Individual:
         return (np.array(phi, dtype=float).ravel(),
                 np.array(de, dtype=float).reshape(k, -1),
                 np.array(dt, dtype=float).reshape(k, -1))
+
+    def second_derivatives(self, theta, eta, cov):
+        """``(d2phi/deta2 (k, n_eta, n_eta), d2phi/deta dtheta (k, n_eta, n_theta))``."""
+        ee, et = self._second(theta, eta, cov)
+        k = len(self.params)
+        return (np.array(ee, dtype=float).reshape(k, self.n_eta, self.n_eta),
+                np.array(et, dtype=float).reshape(k, self.n_eta, self.n_theta))
 
     def subject_covariates(self, subject):
         """This subject's covariate vector (a clear error for one that is missing)."""

@@ -36,8 +36,9 @@ _FD_ETA = 1e-4  # central-difference step on eta (log-scale parameters) for "lap
 class Subject:
     """A subject's objective as a function of eta, at fixed population parameters."""
 
-    def __init__(self, sf, errors, theta, omega, sd, method):
+    def __init__(self, sf, errors, theta, omega, sd, method, tol=1e-12):
         self.sf, self.errors, self.theta, self.sd = sf, errors, theta, sd
+        self.tol = tol
         self.omega = omega
         self.omega_inv = np.linalg.inv(omega)
         self.method = method
@@ -76,7 +77,7 @@ class Subject:
         H = Oi + G.T @ (w[:, None] * G)
         return value, grad, H, f, G, R
 
-    def ebe(self, eta0, tol=1e-12, max_iter=100):
+    def ebe(self, eta0, max_iter=1000):
         """The empirical Bayes estimate from ``eta0``: scoring steps ``-H^-1 grad / 2`` with
         a backtracking line search, until the predicted decrease of O is below ``tol``.
 
@@ -90,7 +91,7 @@ class Subject:
             value, grad, H = cur[:3]
             step = -0.5 * np.linalg.solve(H, grad)
             decrease = -(grad @ step)
-            if not decrease > tol:
+            if not decrease > self.tol:
                 break
             a = 1.0
             for _ in range(30):

@@ -17,6 +17,7 @@ from scipy import optimize
 from sciml.solvers.erk import Tsit5
 
 from .errors import ErrorModel
+from .gradient import focei_gradient
 from .individual import Individual
 from .likelihood import METHODS, Subject
 from .predict import SubjectFit
@@ -80,6 +81,10 @@ class NLME:
     nets : dict, optional
         Reserved for networks of the individual function (not yet supported); networks
         in the dynamics come with ``model``.
+    ebe_tol : float
+        The empirical Bayes estimates stop when a step would lower a subject's objective
+        by less than this (the objective is then exact to about ``sqrt(ebe_tol)`` times
+        its sensitivity to eta; the FOCE-I gradient accounts for the remainder).
 
     Examples
     --------
@@ -91,7 +96,7 @@ class NLME:
     >>> fit = pop.fit(subjects, method="focei")
     """
 
-    def __init__(self, model, individual, theta, omega, error, nets=None):
+    def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12):
         if nets:
             raise NotImplementedError("NLME: networks in the individual-parameter function "
                                       "are not supported yet; put them in the model")
@@ -118,6 +123,7 @@ class NLME:
         self.sigma_names = tuple(f"{o}.{n}" for o, e in error.items() for n in e.names)
         self.sigma0 = np.array([v for e in self.errors for v in e.sd])
         self.individual = Individual(individual, model, self.theta_names, self.eta_names)
+        self.ebe_tol = _number(ebe_tol, "ebe_tol")
 
     # ---------------------------------------------------------------- parameters
 
@@ -182,17 +188,58 @@ class NLME:
         return [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
                            max_steps) for s in subjects]
 
-    def _objective(self, fits, x, method, etas):
+    def _objective(self, fits, x, method, etas, ebe_tol=None):
         theta, blocks, sigma = self.unpack(x)
         omega = self._omega_matrix(blocks)
         sds = self._sd_per_error(sigma)
         total = 0.0
         new = []
         for sf, eta0 in zip(fits, etas):
-            value, eta = Subject(sf, self.errors, theta, omega, sds, method).objective(eta0)
+            value, eta = Subject(sf, self.errors, theta, omega, sds, method,
+                                 ebe_tol or self.ebe_tol).objective(eta0)
             total += value
             new.append(eta)
         return total, new
+
+    def _objective_and_gradient(self, fits, x, etas):
+        """FOCE-I: ``(objective, etas, (dOFV/dtheta, Gamma, dOFV/dsigma))`` with
+        ``dOFV = tr(Gamma dOmega)`` (`gradient.focei_gradient`, summed over subjects)."""
+        theta, blocks, sigma = self.unpack(x)
+        omega = self._omega_matrix(blocks)
+        sds = self._sd_per_error(sigma)
+        total, new = 0.0, []
+        d_theta = np.zeros(theta.shape[0])
+        gamma = np.zeros_like(omega)
+        d_sigma = np.zeros(sigma.shape[0])
+        for sf, eta0 in zip(fits, etas):
+            subj = Subject(sf, self.errors, theta, omega, sds, "focei", self.ebe_tol)
+            value, eta = subj.objective(eta0)
+            total += value
+            new.append(eta)
+            if not np.isfinite(value):
+                return np.inf, etas, None
+            dt, g, ds = focei_gradient(subj, eta)
+            d_theta += dt
+            gamma += g
+            d_sigma += np.concatenate(ds)
+        return total, new, (d_theta, gamma, d_sigma)
+
+    def gradient_x(self, x, parts):
+        """The gradient in the unconstrained vector ``x`` from `_objective_and_gradient`'s
+        parts (chain rule through the Cholesky factors and the log sds)."""
+        d_theta, gamma, d_sigma = parts
+        _, blocks, sigma = self.unpack(x)
+        out = [d_theta]
+        o = 0
+        for (names, _), om in zip(self.blocks, blocks):
+            b = len(names)
+            L = np.linalg.cholesky(om)
+            dL = 2.0 * gamma[o:o + b, o:o + b] @ L
+            out.append(np.diag(dL) * np.diag(L))
+            out.append(dL[np.tril_indices(b, -1)])
+            o += b
+        out.append(d_sigma * sigma)
+        return np.concatenate(out)
 
     def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei", **solve):
         """The objective (-2 log-likelihood, no ``n log 2 pi``) at fixed values.
@@ -294,8 +341,21 @@ class NLME:
             state["n_eval"] += 2 * z.shape[0]
             return g
 
-        res = optimize.minimize(fun, x0[free], jac=grad, method="BFGS",
-                                options={"maxiter": max_iter, "gtol": 1e-4})
+        def fun_and_grad(z):
+            x = full(z)
+            value, new, parts = self._objective_and_gradient(fits, x, state["etas"])
+            state["n_eval"] += 1
+            if not np.isfinite(value):
+                return np.inf, np.zeros_like(z)
+            state["etas"] = new
+            return value, self.gradient_x(x, parts)[free]
+
+        options = {"maxiter": max_iter, "gtol": 1e-4}
+        if method == "focei":
+            res = optimize.minimize(fun_and_grad, x0[free], jac=True, method="BFGS",
+                                    options=options)
+        else:  # central differences of the objective
+            res = optimize.minimize(fun, x0[free], jac=grad, method="BFGS", options=options)
         x = full(res.x)
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)

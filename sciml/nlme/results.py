@@ -91,39 +91,63 @@ class NLMEFit:
 
         return names, vals, to_x
 
+    def _natural_gradient(self, parts):
+        """The FOCE-I gradient in `_natural`'s parameters (an omega covariance moves two
+        symmetric entries)."""
+        d_theta, gamma, d_sigma = parts
+        out, o = [d_theta], 0
+        for enames, _ in self.pop.blocks:
+            for i in range(len(enames)):
+                for j in range(i + 1):
+                    out.append([gamma[o + i, o + j] * (1.0 if i == j else 2.0)])
+            o += len(enames)
+        out.append(d_sigma)
+        return np.concatenate([np.atleast_1d(np.asarray(v, dtype=float)) for v in out])
+
     def _standard_errors(self):
+        """The covariance step: ``2 Hess^-1`` of the objective in `_natural`'s parameters,
+        the Hessian by central differences of the exact gradient (FOCE-I) or second
+        differences of the objective (the other methods)."""
+        pop, fits = self.pop, self._fits
         names, v0, to_x = self._natural()
         free = self._free
-        k = len(self.eta_names)
         etas = [e.copy() for e in self.eta]
-
-        def f(v):
-            try:
-                x = to_x(v)
-            except np.linalg.LinAlgError:  # a step left the positive-definite cone
-                return np.nan
-            return self.pop._objective(self._fits, x, self.method, etas)[0]
-
         n = len(free)
-        h = 1e-3 * np.maximum(np.abs(v0[free]), 1e-2)
-        f0 = self.objective
-        H = np.empty((n, n))
-        for a in range(n):
-            ea = np.zeros_like(v0)
-            ea[free[a]] = h[a]
-            H[a, a] = (f(v0 + ea) - 2 * f0 + f(v0 - ea)) / h[a] ** 2
-            for b in range(a):
-                eb = np.zeros_like(v0)
-                eb[free[b]] = h[b]
-                H[a, b] = H[b, a] = (f(v0 + ea + eb) - f(v0 + ea - eb) - f(v0 - ea + eb)
-                                     + f(v0 - ea - eb)) / (4 * h[a] * h[b])
-        del k
+        h = 1e-3 * np.maximum(np.abs(v0[free]), 0.1)
+        H = np.full((n, n), np.nan)
+        try:
+            if self.method == "focei":
+                def grad(v):
+                    parts = pop._objective_and_gradient(fits, to_x(v), etas)[2]
+                    return self._natural_gradient(parts)[free]
+
+                for a in range(n):
+                    e = np.zeros_like(v0)
+                    e[free[a]] = h[a]
+                    H[:, a] = (grad(v0 + e) - grad(v0 - e)) / (2 * h[a])
+                H = 0.5 * (H + H.T)
+            else:
+                def f(v):  # EBEs converged further: second differences amplify their error
+                    return pop._objective(fits, to_x(v), self.method, etas, 1e-20)[0]
+
+                f0 = f(v0)
+                for a in range(n):
+                    ea = np.zeros_like(v0)
+                    ea[free[a]] = h[a]
+                    H[a, a] = (f(v0 + ea) - 2 * f0 + f(v0 - ea)) / h[a] ** 2
+                    for b in range(a):
+                        eb = np.zeros_like(v0)
+                        eb[free[b]] = h[b]
+                        H[a, b] = H[b, a] = (f(v0 + ea + eb) - f(v0 + ea - eb) - f(v0 - ea + eb)
+                                             + f(v0 - ea - eb)) / (4 * h[a] * h[b])
+        except (np.linalg.LinAlgError, TypeError):  # a step left the positive-definite cone
+            pass
+        self.hessian = H
         out = {nm: np.nan for nm in names}
         if np.all(np.isfinite(H)) and np.min(np.linalg.eigvalsh(H)) > 0:
             cov = 2.0 * np.linalg.inv(H)  # objective = -2 log L
             for a, i in enumerate(free):
                 out[names[i]] = float(np.sqrt(cov[a, a]))
-        self.hessian = H
         return out
 
     # ---------------------------------------------------------------- diagnostics
@@ -153,7 +177,7 @@ class NLMEFit:
         cols = {c: [] for c in ("ID", "TIME", "DV", "PRED", "IPRED", "RES", "IRES", "IWRES",
                                 "WRES", "CWRES")}
         for sf, eta in zip(self._fits, self.eta):
-            s = Subject(sf, pop.errors, theta, omega, sds, "focei")
+            s = Subject(sf, pop.errors, theta, omega, sds, "focei", pop.ebe_tol)
             _, _, _, f0, G0, R0 = s.evaluate(np.zeros_like(eta))
             _, _, _, fi, Gi, Ri = s.evaluate(eta)
             y = sf.y

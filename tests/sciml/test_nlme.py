@@ -148,6 +148,66 @@ def test_theo_sd_focei_reproduces_nlmixr2():
     assert fit.sigma["cp.sd"] == pytest.approx(0.694, abs=0.01)
 
 
+# ---------------------------------------------------------------- the FOCE-I gradient
+
+
+def _check_gradient(pop, subjects, x, rel=1e-5):
+    fits = pop.prepare(subjects, rtol=1e-11, atol=1e-12)
+    etas = [np.zeros(len(pop.eta_names))] * len(fits)
+    value, etas, parts = pop._objective_and_gradient(fits, x, etas)
+    g = pop.gradient_x(x, parts)
+    fd = np.empty_like(x)
+    for i in range(x.shape[0]):
+        d = np.zeros_like(x)
+        d[i] = 1e-5
+        hi = pop._objective(fits, x + d, "focei", etas)[0]
+        lo = pop._objective(fits, x - d, "focei", etas)[0]
+        fd[i] = (hi - lo) / 2e-5
+    np.testing.assert_allclose(g, fd, rtol=rel, atol=rel * np.max(np.abs(fd)))
+
+
+def _ude(u, p, t, nets):
+    absorption = p.ka * np.exp(np.tanh(nets.U([u.depot / 320.0])[0])) * u.depot
+    return [-absorption, absorption - p.cl / p.v * u.central]
+
+
+@pytest.mark.parametrize("error", [nl.Additive(0.7), nl.Combined(0.5, 0.1)])
+def test_focei_gradient_agrees_with_central_differences(error):
+    # eta enters nonlinearly, a block omega, interaction through the combined error
+    kw = dict(theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+              omega={"ka": 0.6, ("cl", "v"): [[0.3, 0.05], [0.05, 0.1]]},
+              error={"cp": error}, ebe_tol=1e-26)
+    sd = np.array(error.sd)
+    pop = nl.NLME(THEO, _theo_individual, **kw)
+    x = pop.pack(pop.theta0, [m for _, m in pop.blocks], sd) + 0.01
+    _check_gradient(pop, _theo_subjects()[:4], x)
+    # with a network in the dynamics (its weights fixed, seed 0)
+    from nets import Chain, Dense
+
+    model = sciml.Model(_ude, ["depot", "central"], ["ka", "cl", "v"],
+                        nets={"U": Chain(1, Dense(4, "tanh"), Dense(1))},
+                        observables={"cp": lambda u, p: u.central / p.v})
+    theta = model.init_params(seed=0, ka=1.0, cl=1.0, v=1.0)
+    subjects = read_events(str(DATA / "theo_sd_nlmixr2data.csv"), model,
+                           {1: "depot", 2: "central"}, "cp", params=theta)[:3]
+    pop = nl.NLME(model, _theo_individual, **kw)
+    _check_gradient(pop, subjects, x)
+
+
+def test_the_covariance_step_agrees_with_second_differences():
+    # FOCE-I's Hessian from its gradient; FOCE (the same objective for additive errors)
+    # from second differences of the objective
+    subjects = _line_subjects(n=8, seed=5)
+    pop = nl.NLME(LINE, lambda th, eta, cov: {"a": np.exp(th.ta + eta.a), "b": th.tb + eta.b},
+                  theta={"ta": 0.0, "tb": 0.2}, omega={"a": 0.2, "b": 0.05},
+                  error={"y": nl.Additive(0.15)})
+    a = pop.fit(subjects, method="focei")
+    b = pop.fit(subjects, method="foce")
+    assert a.objective == pytest.approx(b.objective, abs=1e-6)
+    for name in a.se:
+        assert a.se[name] == pytest.approx(b.se[name], rel=2e-3), name
+
+
 # ---------------------------------------------------------------- bad input
 
 
