@@ -148,7 +148,7 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     settings. Checks are cheap here; everything else falls back to the general path.
     """
     if not (type(prob) is ODEProblem and prob._plain and type(data) is Data
-            and data.kind == "states" and threads is None):
+            and data.kind == "states" and threads is None and not data.repeated):
         return None
     solver = _lean_solver(loss, solver, rtol, atol, max_steps, dt)
     if solver is None:
@@ -232,7 +232,7 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
     cols = None
     for p, d in zip(probs, datas):
         if type(p) is not ODEProblem or not p._plain or p.model is not model \
-                or type(d) is not Data or d.kind != "states" \
+                or type(d) is not Data or d.kind != "states" or d.repeated \
                 or d.t[0] < p.tspan[0] or d.t[-1] > p.tspan[1]:
             return None
         c = d.columns(model)
@@ -336,8 +336,12 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
         theta = float_vector(params, model.n_params, "loss_and_grad", "params",
                              f"length {model.n_params} (model.n_params)")
     jobs = []
-    for p, d in zip(probs, datas):
+    for i, (p, d) in enumerate(zip(probs, datas)):
         d.columns(p.model)  # a clear error for unknown names, before any solve
+        if d.repeated:
+            raise ValueError(f"loss_and_grad: `data`{f' [{i}]' if len(datas) > 1 else ''} has "
+                             "rows sharing a time (replicates); merge them into their mean "
+                             "(read_events(..., duplicates='mean')) or fit with sciml.nlme")
         if d.kind == "observables":
             p.model.kernel_table("obs", "obs_vjp")
         jobs.append((adjoints._forward.Job(

@@ -30,7 +30,9 @@ Decisions (each also stated where it applies):
 
 - Duplicated observations (same subject, time and observable) are refused by
   default; ``duplicates="mean"`` merges them into their mean with a weight
-  equal to their count, which leaves `sciml.SSE` unchanged up to a constant.
+  equal to their count, which leaves `sciml.SSE` unchanged up to a constant;
+  ``duplicates="keep"`` keeps each as an observation of its own (NONMEM's
+  reading; rows of the `Data` then share times, for `sciml.nlme`).
 - Observations of different observables at one time share a `Data` row (NaN
   where a column is not measured).
 - A covariate is read per subject; one that changes within a subject is
@@ -334,11 +336,13 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     obs_col : str, optional
         The column that selects the observable when `observable` is a
         mapping (default ``DVID`` if present, else ``CMT``).
-    duplicates : {"error", "mean"}
+    duplicates : {"error", "mean", "keep"}
         Several observations of one observable at one time in one subject:
-        refused, or merged into their mean with weight = their count (for
+        refused, merged into their mean with weight = their count (for
         `sciml.SSE` the same loss up to a constant; `sciml.GaussianNLL`
-        ignores weights and counts the mean once).
+        ignores weights and counts the mean once), or kept as separate
+        observations (`Data` rows sharing a time, in table order; for
+        `sciml.nlme`, whose likelihood counts each).
     time_varying : {"first", "error"}
         A covariate that changes within a subject: take its first
         non-missing value and warn, or refuse.
@@ -370,7 +374,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     ...                                   params=theta)
     >>> fit = sciml.fit([s.problem for s in subjects], [s.data for s in subjects], ...)
     """
-    for name, val, ok in (("duplicates", duplicates, ("error", "mean")),
+    for name, val, ok in (("duplicates", duplicates, ("error", "mean", "keep")),
                           ("time_varying", time_varying, ("first", "error")),
                           ("reset", reset, ("error", "split"))):
         if val not in ok:
@@ -714,6 +718,17 @@ class _Ctx:
                 j = col_of[self.obs_map[k]]
             cells.setdefault((float(self.time[i]), j), []).append(i)
         times = sorted({t for t, _ in cells})
+        if self.duplicates == "keep":  # as many rows at a time as its most replicated column
+            reps = {t: max(len(rs) for (tt, _), rs in cells.items() if tt == t) for t in times}
+            first, times_k = {}, []
+            for t in times:
+                first[t] = len(times_k)
+                times_k += [t] * reps[t]
+            y = np.full((len(times_k), len(names)), np.nan)
+            for (t, j), rs in cells.items():
+                for r, i in enumerate(rs):
+                    y[first[t] + r, j] = float(self.dv[i])
+            return Data(np.array(times_k), y, repeated_times=True, **{self.obs_kind: names})
         row_of = {t: r for r, t in enumerate(times)}
         y = np.full((len(times), len(names)), np.nan)
         w = np.ones_like(y)
@@ -724,7 +739,8 @@ class _Ctx:
                     raise ValueError(f"{tab.where(rs[1], cols['DV'])}: a second observation of "
                                      f"{names[j]!r} at time {t!r} (also at {tab.labels[rs[0]]}); "
                                      "pass duplicates='mean' to merge replicates into their "
-                                     "mean (weighted by their count), or remove them")
+                                     "mean (weighted by their count), duplicates='keep' to "
+                                     "keep each (sciml.nlme), or remove them")
                 merged = True
                 w[row_of[t], j] = len(rs)
             y[row_of[t], j] = float(np.mean(self.dv[rs]))

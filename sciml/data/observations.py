@@ -27,6 +27,10 @@ class Data:
         Instead of states: names of the model's observables.
     weights : array_like, optional
         Non-negative weights broadcast to ``y``'s shape, used by `sciml.SSE`.
+    repeated_times : bool
+        Allow rows that share a time (replicate observations, as NONMEM reads them:
+        `sciml.nlme` takes each as an observation of its own). `loss_and_grad` and
+        `fit` refuse such data (merge replicates with ``read_events(duplicates="mean")``).
 
     Examples
     --------
@@ -34,7 +38,7 @@ class Data:
     >>> data = sciml.Data(t=t_obs, y=conc, observables=["conc"])  # an observable
     """
 
-    def __init__(self, t, y, states=None, observables=None, weights=None):
+    def __init__(self, t, y, states=None, observables=None, weights=None, repeated_times=False):
         t = _float_array("t", t)
         if t.ndim != 1 or t.shape[0] == 0:
             raise ValueError(f"Data: `t` must be a non-empty 1-D array of times, got shape "
@@ -43,6 +47,8 @@ class Data:
             raise ValueError(f"Data: `t` must be finite; entry {int(np.argmin(np.isfinite(t)))}"
                              " is not")
         d = np.diff(t)
+        if repeated_times and np.all(d >= 0):
+            d = np.where(d == 0, 1.0, d)  # replicates: rows sharing a time are allowed
         if np.any(d <= 0):
             i = int(np.argmax(d <= 0))
             what = "duplicated" if d[i] == 0 else "not increasing"
@@ -71,6 +77,7 @@ class Data:
                                  f"were given ({names!r})")
         self.t = t
         self.y = y
+        self.repeated = bool(np.any(np.diff(t) == 0))
         self.kind = "observables" if observables is not None else "states"
         self.names = names
         self.mask = np.isfinite(y)

@@ -54,12 +54,7 @@ class Subject:
         return f, (F @ dphi_de if sens else None)
 
     def _variance(self, f):
-        R, dR = np.empty_like(f), np.empty_like(f)
-        for e, (model, sd) in enumerate(zip(self.errors, self.sd)):
-            sel = self.sf.err_index == e
-            if sel.any():
-                R[sel], dR[sel] = model.variance(f[sel], sd)
-        return R, dR
+        return variances(self.errors, self.sd, self.sf.err_index, f)
 
     def evaluate(self, eta):
         """``(O, gradient of O, H, f, G, R)`` at ``eta`` (see the module docstring)."""
@@ -131,6 +126,17 @@ class Subject:
             d[i] = _FD_ETA
             Hs[:, i] = (self.evaluate(eta + d)[1] - self.evaluate(eta - d)[1]) / (2 * _FD_ETA)
         return 0.5 * (Hs + Hs.T)
+
+
+def variances(errors, sds, err_index, f):
+    """``(R, dR/df)`` of predictions ``f``, observation ``j`` following error model
+    ``errors[err_index[j]]`` with standard deviations ``sds[err_index[j]]``."""
+    R, dR = np.empty_like(f), np.empty_like(f)
+    for e, (model, sd) in enumerate(zip(errors, sds)):
+        sel = err_index == e
+        if sel.any():
+            R[sel], dR[sel] = model.variance(f[sel], sd)
+    return R, dR
 
 
 def _linearised(y, mean, G, omega, R):

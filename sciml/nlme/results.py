@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .likelihood import Subject
+from .likelihood import Subject, variances
 
 __all__ = ["NLMEFit"]
 
@@ -190,6 +190,97 @@ class NLMEFit:
                 cols[c].extend(list(v))
         return {c: (np.array(v) if c != "ID" else v) for c, v in cols.items()}
 
+    def simulate(self, n_sim=200, seed=0):
+        """Replicates of the observations from the fitted model: ``(n_sim, n_obs)``, in the
+        table's order (new etas from N(0, omega), new residuals from the error models)."""
+        pop = self.pop
+        theta, blocks, sigma = pop.unpack(self._x)
+        omega = pop._omega_matrix(blocks)
+        sds = pop._sd_per_error(sigma)
+        rng = np.random.default_rng(seed)
+        L = np.linalg.cholesky(omega)
+        out = np.empty((int(n_sim), self.n_obs))
+        for r in range(out.shape[0]):
+            o = 0
+            for sf in self._fits:
+                eta = L @ rng.standard_normal(L.shape[0])
+                f, _ = sf.predict(pop.individual.values(theta, eta, sf.cov), sens=False)
+                R = variances(pop.errors, sds, sf.err_index, f)[0]
+                out[r, o:o + f.shape[0]] = f + np.sqrt(R) * rng.standard_normal(f.shape[0])
+                o += f.shape[0]
+        return out
+
+    def vpc_data(self, n_sim=200, bins=None, quantiles=(0.05, 0.5, 0.95), ci=0.95,
+                 pred_corrected=False, seed=0):
+        """The numbers of a visual predictive check (`vpc`).
+
+        Observations are binned by time (``bins``: None = one bin per distinct time when
+        there are at most 12, else 10 bins of equal count; a count; or edges). For each
+        bin: the observed ``quantiles`` and, over ``n_sim`` simulated replicates of the
+        study, the median and the ``ci`` interval of each simulated quantile. With
+        ``pred_corrected``, observations and simulations are scaled by the bin's median
+        PRED over each one's PRED (Bergstrand et al., AAPS J. 13, 2011).
+
+        Returns
+        -------
+        dict with ``time`` (bin mid-times: median observation time), ``observed``
+        (n_bins, n_q), ``sim_median``, ``sim_lo``, ``sim_hi`` (n_bins, n_q), ``edges``.
+        """
+        t = self._table if self._table is not None else self._make_table()
+        self._table = t
+        time, dv, pred = t["TIME"], t["DV"], t["PRED"]
+        sims = self.simulate(n_sim, seed)
+        if pred_corrected:
+            if np.any(pred <= 0):
+                raise ValueError("vpc: prediction correction needs PRED > 0 everywhere")
+        edges = _bin_edges(time, bins)
+        which = np.searchsorted(edges, time, side="right") - 1
+        q = np.asarray(quantiles, dtype=float)
+        a = (1.0 - ci) / 2.0
+        rows = {k: [] for k in ("time", "observed", "sim_median", "sim_lo", "sim_hi")}
+        for b in range(edges.shape[0] - 1):
+            sel = which == b
+            if not sel.any():
+                continue
+            obs, sim = dv[sel], sims[:, sel]
+            if pred_corrected:
+                scale = np.median(pred[sel]) / pred[sel]
+                obs, sim = obs * scale, sim * scale
+            sq = np.quantile(sim, q, axis=1).T  # (n_sim, n_q)
+            rows["time"].append(np.median(time[sel]))
+            rows["observed"].append(np.quantile(obs, q))
+            rows["sim_median"].append(np.median(sq, axis=0))
+            rows["sim_lo"].append(np.quantile(sq, a, axis=0))
+            rows["sim_hi"].append(np.quantile(sq, 1.0 - a, axis=0))
+        out = {k: np.array(v) for k, v in rows.items()}
+        out["edges"], out["quantiles"] = edges, q
+        return out
+
+    def vpc(self, n_sim=200, bins=None, quantiles=(0.05, 0.5, 0.95), ci=0.95,
+            pred_corrected=False, seed=0, path=None):
+        """A visual predictive check (see `vpc_data`): observed percentiles as lines over
+        the simulated ones' confidence bands, the observations as points; a matplotlib
+        figure, saved to ``path`` when given."""
+        import matplotlib.pyplot as plt
+
+        d = self.vpc_data(n_sim, bins, quantiles, ci, pred_corrected, seed)
+        t = self._table
+        fig, ax = plt.subplots(figsize=(8, 5))
+        ax.scatter(t["TIME"], t["DV"], s=8, color="0.6", label="observed")
+        for k, qv in enumerate(d["quantiles"]):
+            shade = "C1" if abs(qv - 0.5) < 1e-12 else "C0"
+            ax.fill_between(d["time"], d["sim_lo"][:, k], d["sim_hi"][:, k], color=shade,
+                            alpha=0.25, label=f"simulated {qv:.0%} ({ci:.0%} CI)")
+            ax.plot(d["time"], d["observed"][:, k], color=shade, lw=1.5,
+                    label=f"observed {qv:.0%}")
+        ax.set(xlabel="TIME", ylabel="pcDV" if pred_corrected else "DV",
+               title=f"{'pc' if pred_corrected else ''}VPC ({n_sim} replicates)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        if path is not None:
+            fig.savefig(path, dpi=120)
+        return fig
+
     def gof(self, path=None):
         """Goodness-of-fit plots (DV vs PRED and IPRED, CWRES vs TIME and PRED): a
         matplotlib figure, saved to ``path`` when given."""
@@ -214,6 +305,23 @@ class NLMEFit:
         if path is not None:
             fig.savefig(path, dpi=120)
         return fig
+
+
+def _bin_edges(t, bins):
+    if bins is None:
+        u = np.unique(t)
+        if u.shape[0] <= 12:  # few distinct times: one bin each
+            mids = 0.5 * (u[1:] + u[:-1])
+            return np.concatenate([[-np.inf], mids, [np.inf]])
+        bins = 10
+    if np.isscalar(bins):
+        edges = np.unique(np.quantile(t, np.linspace(0, 1, int(bins) + 1)))
+        edges[0], edges[-1] = -np.inf, np.inf
+        return edges
+    edges = np.asarray(bins, dtype=float)
+    if edges.ndim != 1 or edges.shape[0] < 2 or np.any(np.diff(edges) <= 0):
+        raise ValueError(f"vpc: `bins` must be a count or increasing edges, got {bins!r}")
+    return edges
 
 
 def _decorrelate(C, r):

@@ -110,6 +110,31 @@ def test_the_fit_of_a_linear_model_is_the_maximum_likelihood_estimate():
     assert all(np.isfinite(v) and v > 0 for v in fit.se.values())
 
 
+def test_vpc_simulations_have_the_marginal_quantiles_of_a_linear_model():
+    # y = a + b t with Gaussian a, b and residual: each time's quantiles are known exactly
+    subjects = _line_subjects(n=10, seed=3)
+    fit = _line_pop().fit(subjects, method="focei", covariance=False)
+    d = fit.vpc_data(n_sim=400, seed=1)
+    t = d["time"]
+    assert t.shape == (5,) and d["observed"].shape == (5, 3)
+    Z = np.column_stack([np.ones_like(t), t])
+    mean = fit.theta["ta"] + fit.theta["tb"] * t
+    sd = np.sqrt(np.einsum("ij,jk,ik->i", Z, fit.omega, Z) + fit.sigma["y.sd"] ** 2)
+    # the same statistics drawn from the exact marginal N(mean, sd**2): 10 subjects a bin
+    rng = np.random.default_rng(7)
+    draws = mean + sd * rng.standard_normal((4000, 10, 5))
+    ref = np.median(np.quantile(draws, [0.05, 0.5, 0.95], axis=1), axis=1).T  # (5, 3)
+    np.testing.assert_allclose(d["sim_median"], ref, atol=0.15 * sd.max())
+    assert np.all(d["sim_lo"] <= ref) and np.all(ref <= d["sim_hi"])
+    pc = fit.vpc_data(n_sim=50, pred_corrected=True)
+    assert pc["sim_median"].shape == (5, 3)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    fit.vpc(n_sim=20)
+    fit.gof()
+
+
 # ---------------------------------------------------------------- theo_sd, the anchor
 
 
@@ -237,3 +262,27 @@ def test_bad_input_names_the_argument():
                 error={"conc": nl.Additive(0.7)})
     with pytest.raises(ValueError, match=r"Additive: `sd` must be a standard deviation > 0"):
         nl.Additive(-1.0)
+
+
+def test_replicate_observations_count_each_as_nonmem_does():
+    # warfarin-style replicates: two concentrations at one time are two observations
+    table = {"ID": [1] * 5, "TIME": [0.0, 1.0, 1.0, 2.0, 4.0], "AMT": [100.0, 0, 0, 0, 0],
+             "DV": [0.0, 2.0, 2.4, 3.0, 2.5], "EVID": [101, 0, 0, 0, 0]}
+    with pytest.raises(ValueError, match="a second observation of 'cp' at time 1.0"):
+        read_events(table, THEO, {1: "depot"}, "cp", params=[1.0, 1.0, 1.0])
+    (s,) = read_events(table, THEO, {1: "depot"}, "cp", params=[1.0, 1.0, 1.0],
+                       duplicates="keep")
+    np.testing.assert_array_equal(s.data.t, [1.0, 1.0, 2.0, 4.0])
+    np.testing.assert_array_equal(s.data.y[:, 0], [2.0, 2.4, 3.0, 2.5])
+    with pytest.raises(ValueError, match="rows sharing a time"):
+        sciml.loss_and_grad(s.problem, s.data)
+    # the objective counts both: at eta fixed to zero (tiny omega), the sum over rows
+    pop = nl.NLME(THEO, _theo_individual, theta={"tka": 0.0, "tcl": 0.0, "tv": 3.0},
+                  omega={"ka": 1e-8, "cl": 1e-8, "v": 1e-8}, error={"cp": nl.Additive(0.5)},
+                  ebe_tol=1e-20)
+    f = sciml.solve(s.problem.remake(params=[1.0, 1.0, np.exp(3.0)]), rtol=1e-10, atol=1e-10,
+                    saveat=np.array([1.0, 2.0, 4.0])).observables["cp"]
+    f = f[[0, 0, 1, 2]]
+    y = s.data.y[:, 0]
+    expect = np.sum((y - f) ** 2 / 0.25 + np.log(0.25))
+    assert pop.objective([s], method="focei") == pytest.approx(expect, abs=1e-4)
