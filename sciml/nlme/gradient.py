@@ -26,27 +26,35 @@ import numpy as np
 _FD_PHI = 1e-5  # relative step of the central differences of the sensitivities
 
 
-def _second_order(s, phi, F):
-    """``d2f/dphi2`` (m, k, k): central differences of the first-order sensitivities."""
-    m, k = F.shape
-    F2 = np.empty((m, k, k))
+def _second_order(s, phi):
+    """``d2f/dphi dp`` (m, k, n_params): central differences over the k individual
+    parameters of the sensitivities to every model parameter."""
+    k = phi.shape[0]
+    out = []
     for ell in range(k):
         h = _FD_PHI * max(abs(phi[ell]), 1e-3)
         d = np.zeros(k)
         d[ell] = h
-        F2[:, :, ell] = (s.sf.predict(phi + d)[1] - s.sf.predict(phi - d)[1]) / (2 * h)
-    return 0.5 * (F2 + F2.transpose(0, 2, 1))
+        hi = s.sf.predict(phi + d, True, s.weights, s.weight_index, full=True)[1]
+        lo = s.sf.predict(phi - d, True, s.weights, s.weight_index, full=True)[1]
+        out.append((hi - lo) / (2 * h))
+    return np.stack(out, axis=1)
 
 
 def focei_gradient(s, eta):
-    """``(dOFV/dtheta (n_theta,), Gamma (n_eta, n_eta), dOFV/dsd per error model)`` of the
-    subject ``s`` (`likelihood.Subject`, method "focei") at its estimate ``eta``;
-    ``dOFV = tr(Gamma dOmega)`` for symmetric changes of Omega."""
+    """``(dOFV/dtheta (n_theta,), Gamma (n_eta, n_eta), dOFV/dsd per error model,
+    dOFV/dweights)`` of the subject ``s`` (`likelihood.Subject`, method "focei") at its
+    estimate ``eta``; ``dOFV = tr(Gamma dOmega)`` for symmetric changes of Omega; the
+    last is empty unless network weights are estimated (``s.weight_index``)."""
     ind, sf = s.sf.individual, s.sf
     phi, pe, pt = ind.derivatives(s.theta, eta, sf.cov)
     pee, pet = ind.second_derivatives(s.theta, eta, sf.cov)
-    f, F = sf.predict(phi)
-    F2 = _second_order(s, phi, F)
+    f, Ffull = sf.predict(phi, True, s.weights, s.weight_index, full=True)
+    idx = ind.index
+    F = Ffull[:, idx]
+    F2full = _second_order(s, phi)
+    F2 = F2full[:, :, idx]
+    F2 = 0.5 * (F2 + F2.transpose(0, 2, 1))
     G = F @ pe                      # (m, n_eta)
     Ft = F @ pt                     # df/dtheta at fixed eta, (m, n_theta)
     Gee = np.einsum("jkl,ka,lc->jac", F2, pe, pe) + np.einsum("jk,kac->jac", F, pee)
@@ -110,4 +118,14 @@ def focei_gradient(s, eta):
             out[b] = np.sum(dl) + np.sum(Hi * dHs) - u @ (Gs.T @ dlf)
         del Rs_, model
         d_sd.append(out)
-    return d_theta, gamma, d_sd
+
+    # network weights: like a theta, with dphi/dw = 0 (the weights act on f directly)
+    wi = s.weight_index if s.weights is not None else np.zeros(0, dtype=np.int64)
+    d_w = np.empty(wi.shape[0])
+    Fw = Ffull[:, wi]                                   # df/dw, (m, n_w)
+    Gw = np.einsum("jkw,ka->jaw", F2full[:, :, wi], pe)  # dG/dw, (m, n_eta, n_w)
+    for a in range(wi.shape[0]):
+        dGa = Gw[:, :, a]
+        d_grad = dGa.T @ lf + G.T @ (lff * Fw[:, a])
+        d_w[a] = lf @ Fw[:, a] + np.sum(Hi * dH(dGa, Fw[:, a])) - u @ d_grad
+    return d_theta, gamma, d_sd, d_w

@@ -36,9 +36,11 @@ _FD_ETA = 1e-4  # central-difference step on eta (log-scale parameters) for "lap
 class Subject:
     """A subject's objective as a function of eta, at fixed population parameters."""
 
-    def __init__(self, sf, errors, theta, omega, sd, method, tol=1e-12):
+    def __init__(self, sf, errors, theta, omega, sd, method, tol=1e-12, weights=None,
+                 weight_index=None):
         self.sf, self.errors, self.theta, self.sd = sf, errors, theta, sd
         self.tol = tol
+        self.weights, self.weight_index = weights, weight_index  # estimated network weights
         self.omega = omega
         self.omega_inv = np.linalg.inv(omega)
         self.method = method
@@ -50,7 +52,7 @@ class Subject:
     def _predict(self, eta, sens=True):
         ind = self.sf.individual
         phi, dphi_de, _ = ind.derivatives(self.theta, eta, self.sf.cov)
-        f, F = self.sf.predict(phi, sens)
+        f, F = self.sf.predict(phi, sens, self.weights, self.weight_index)
         return f, (F @ dphi_de if sens else None)
 
     def _variance(self, f):

@@ -79,8 +79,10 @@ class NLME:
         Observable (or state) -> residual error model (`Additive`, `Proportional`,
         `Combined`), for every observed column.
     nets : dict, optional
-        Reserved for networks of the individual function (not yet supported); networks
-        in the dynamics come with ``model``.
+        Networks of the model whose weights are population parameters (fixed effects),
+        name -> initial flat weights (e.g. ``chain.init_params(seed=0)``); the model's
+        other networks keep each subject's weights. (Networks inside the individual
+        function are not supported yet.)
     ebe_tol : float
         The empirical Bayes estimates stop when a step would lower a subject's objective
         by less than this (the objective is then exact to about ``sqrt(ebe_tol)`` times
@@ -97,9 +99,6 @@ class NLME:
     """
 
     def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12):
-        if nets:
-            raise NotImplementedError("NLME: networks in the individual-parameter function "
-                                      "are not supported yet; put them in the model")
         if not isinstance(theta, dict) or not theta:
             raise TypeError("NLME: `theta` must be a non-empty dict {name: initial value}")
         self.model = model
@@ -123,6 +122,7 @@ class NLME:
         self.sigma_names = tuple(f"{o}.{n}" for o, e in error.items() for n in e.names)
         self.sigma0 = np.array([v for e in self.errors for v in e.sd])
         self.individual = Individual(individual, model, self.theta_names, self.eta_names)
+        self.net_names, self.w0, self.weight_index = _nets(model, nets or {})
         self.ebe_tol = _number(ebe_tol, "ebe_tol")
 
     # ---------------------------------------------------------------- parameters
@@ -137,8 +137,8 @@ class NLME:
             o += b
         return om
 
-    def pack(self, theta, blocks, sigma):
-        """The unconstrained vector of (theta, omega blocks, sigma)."""
+    def pack(self, theta, blocks, sigma, weights=None):
+        """The unconstrained vector of (theta, omega blocks, sigma, network weights)."""
         parts = [np.asarray(theta, dtype=float)]
         for m in blocks:
             L = np.linalg.cholesky(m)
@@ -146,6 +146,7 @@ class NLME:
             parts.append(np.log(np.diag(L)))
             parts.append(L[np.tril_indices(b, -1)])
         parts.append(np.log(np.asarray(sigma, dtype=float)))
+        parts.append(self.w0 if weights is None else np.asarray(weights, dtype=float))
         return np.concatenate(parts)
 
     def unpack(self, x):
@@ -161,7 +162,12 @@ class NLME:
             L[np.tril_indices(b, -1)] = x[o:o + nl]
             o += nl
             blocks.append(L @ L.T)
-        return theta, blocks, np.exp(x[o:])
+        return theta, blocks, np.exp(x[o:o + len(self.sigma_names)])
+
+    def weights(self, x):
+        """The estimated network weights in ``x`` (None when no network is estimated)."""
+        nw = self.w0.shape[0]
+        return x[x.shape[0] - nw:] if nw else None
 
     def _sd_per_error(self, sigma):
         out, o = [], 0
@@ -196,7 +202,8 @@ class NLME:
         new = []
         for sf, eta0 in zip(fits, etas):
             value, eta = Subject(sf, self.errors, theta, omega, sds, method,
-                                 ebe_tol or self.ebe_tol).objective(eta0)
+                                 ebe_tol or self.ebe_tol, self.weights(x),
+                                 self.weight_index).objective(eta0)
             total += value
             new.append(eta)
         return total, new
@@ -211,23 +218,27 @@ class NLME:
         d_theta = np.zeros(theta.shape[0])
         gamma = np.zeros_like(omega)
         d_sigma = np.zeros(sigma.shape[0])
+        d_w = np.zeros(self.w0.shape[0])
+        w = self.weights(x)
         for sf, eta0 in zip(fits, etas):
-            subj = Subject(sf, self.errors, theta, omega, sds, "focei", self.ebe_tol)
+            subj = Subject(sf, self.errors, theta, omega, sds, "focei", self.ebe_tol, w,
+                           self.weight_index)
             value, eta = subj.objective(eta0)
             total += value
             new.append(eta)
             if not np.isfinite(value):
                 return np.inf, etas, None
-            dt, g, ds = focei_gradient(subj, eta)
+            dt, g, ds, dw = focei_gradient(subj, eta)
             d_theta += dt
             gamma += g
             d_sigma += np.concatenate(ds)
-        return total, new, (d_theta, gamma, d_sigma)
+            d_w += dw
+        return total, new, (d_theta, gamma, d_sigma, d_w)
 
     def gradient_x(self, x, parts):
         """The gradient in the unconstrained vector ``x`` from `_objective_and_gradient`'s
         parts (chain rule through the Cholesky factors and the log sds)."""
-        d_theta, gamma, d_sigma = parts
+        d_theta, gamma, d_sigma, d_w = parts
         _, blocks, sigma = self.unpack(x)
         out = [d_theta]
         o = 0
@@ -239,6 +250,7 @@ class NLME:
             out.append(dL[np.tril_indices(b, -1)])
             o += b
         out.append(d_sigma * sigma)
+        out.append(d_w)
         return np.concatenate(out)
 
     def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei", **solve):
@@ -298,7 +310,8 @@ class NLME:
         subjects : list of sciml.data.Subject
         method : {"focei", "foce", "laplace", "fo"}
         fixed : sequence of str
-            Theta and sigma names (e.g. ``"tka"``, ``"cp.sd"``) kept at their values.
+            Theta, sigma and estimated network names (e.g. ``"tka"``, ``"cp.sd"``,
+            ``"U"``) kept at their values.
         max_iter : int
             Iterations of the outer optimiser (BFGS).
         covariance : bool
@@ -364,16 +377,47 @@ class NLME:
         fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
         nt = len(self.theta_names)
         n_om = sum(len(n) * (len(n) + 1) // 2 for n, _ in self.blocks)
-        mask = np.ones(nt + n_om + len(self.sigma_names), dtype=bool)
+        ns = len(self.sigma_names)
+        mask = np.ones(nt + n_om + ns + self.w0.shape[0], dtype=bool)
         for name in fixed:
             if name in self.theta_names:
                 mask[self.theta_names.index(name)] = False
             elif name in self.sigma_names:
                 mask[nt + n_om + self.sigma_names.index(name)] = False
+            elif name in self.net_names:
+                o = nt + n_om + ns
+                for other in self.net_names[:self.net_names.index(name)]:
+                    o += self.model.nets[other].n_params
+                mask[o:o + self.model.nets[name].n_params] = False
             else:
-                raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta or sigma "
-                                 f"({', '.join(self.theta_names + self.sigma_names)})")
+                known = self.theta_names + self.sigma_names + self.net_names
+                raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
+                                 f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
+
+
+def _nets(model, nets):
+    """``(names, initial weights, their indices in the model's flat parameters)``."""
+    if not isinstance(nets, dict):
+        raise TypeError(f"NLME: `nets` must be a dict {{network of the model: initial "
+                        f"weights}}, got {type(nets).__name__}")
+    w, idx = [], []
+    for name, w0 in nets.items():
+        if name not in model.nets:
+            raise ValueError(f"NLME: `nets` names {name!r}, not a network of the model "
+                             f"({', '.join(model.nets) or 'it has none'}); networks inside the "
+                             "individual function are not supported yet")
+        n = model.nets[name].n_params
+        v = np.array(w0, dtype=float).ravel()
+        if v.shape != (n,) or not np.all(np.isfinite(v)):
+            raise ValueError(f"NLME: `nets[{name!r}]` must be {n} finite weights (the chain's "
+                             f"n_params), got shape {np.shape(w0)}")
+        sl = model.param_slices[name]
+        w.append(v)
+        idx.append(np.arange(sl.start, sl.stop))
+    if not w:
+        return (), np.zeros(0), np.zeros(0, dtype=np.int64)
+    return tuple(nets), np.concatenate(w), np.concatenate(idx).astype(np.int64)
 
 
 def _number(v, what):

@@ -56,14 +56,19 @@ class SubjectFit:
         self.ws = model.workspace()
         self._sens = None  # the prepared sensitivity solve (`ForwardSensitivity.prepare`)
 
-    def params(self, phi):
+    def params(self, phi, weights=None, weight_index=None):
+        """The model's flat parameters: the subject's, with the individual parameters
+        ``phi`` and, when given, network weights ``weights`` at ``weight_index``."""
         p = self.job.prob.params.copy()
         p[self.individual.index] = phi
+        if weights is not None:
+            p[weight_index] = weights
         return p
 
-    def predict(self, phi, sens=True):
-        """``f`` (m,) and, with ``sens``, ``df/dphi`` (m, k) at individual parameters ``phi``."""
-        p = self.params(phi)
+    def predict(self, phi, sens=True, weights=None, weight_index=None, full=False):
+        """``f`` (m,) and, with ``sens``, ``df/dphi`` (m, k) at individual parameters ``phi``
+        (with ``full``: the derivatives in every model parameter, (m, n_params))."""
+        p = self.params(phi, weights, weight_index)
         if sens:
             if self._sens is None:
                 self._sens = _SENS.prepare(self.job)
@@ -74,12 +79,12 @@ class SubjectFit:
         model, idx = self.model, self.individual.index
         m = self.y.shape[0]
         f = np.empty(m)
-        F = np.empty((m, idx.shape[0])) if sens else None
         if self.kind == "states":
             f[:] = U[self.obs_q, self.col]
             if sens:
-                F[:] = st.S[self.obs_q, self.col][:, idx]
-            return f, F
+                Fp = st.S[self.obs_q, self.col]
+                return f, (np.ascontiguousarray(Fp) if full else Fp[:, idx])
+            return f, None
         if not sens:
             Y = np.empty((U.shape[0], model.n_obs))
             observe_along(self.kern, p, self.ws, Y, self.job.obs_t, U)
@@ -88,4 +93,4 @@ class SubjectFit:
         observe_sensitivities(self.kern, p, self.ws, U, np.ascontiguousarray(st.S),
                               self.job.obs_t, self.obs_q, self.col, np.empty(model.n_obs), f,
                               Fp)
-        return f, np.ascontiguousarray(Fp[:, idx])
+        return f, (Fp if full else np.ascontiguousarray(Fp[:, idx]))

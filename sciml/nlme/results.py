@@ -17,6 +17,8 @@ class NLMEFit:
         and nlmixr2 report it).
     theta, sigma : dict
         Estimates by name (sigma: residual standard deviations, ``"cp.sd"``).
+    nets : dict
+        Estimated network weights by network name (empty when none is estimated).
     omega : ndarray (n_eta, n_eta)
         Between-subject covariance (variances on the diagonal), order ``eta_names``.
     eta : ndarray (n_subjects, n_eta)
@@ -40,6 +42,12 @@ class NLMEFit:
         self.omega = pop._omega_matrix(blocks)
         self.eta_names = pop.eta_names
         self.sigma = dict(zip(pop.sigma_names, sigma.tolist()))
+        w, o = pop.weights(x), 0
+        self.nets = {}
+        for name in pop.net_names:
+            n = pop.model.nets[name].n_params
+            self.nets[name] = w[o:o + n].copy()
+            o += n
         self.objective = float(value)
         self.eta = np.array(etas)
         self.ids = [sf.id for sf in fits]
@@ -74,7 +82,13 @@ class NLMEFit:
                     vals.append(m[i, j])
         names += list(pop.sigma_names)
         vals += list(sigma)
+        for name in pop.net_names:
+            names += [f"{name}[{i}]" for i in range(pop.model.nets[name].n_params)]
+        nw = pop.w0.shape[0]
+        if nw:
+            vals += list(pop.weights(self._x))
         vals = np.array(vals)
+        ns = len(pop.sigma_names)
         nt = len(pop.theta_names)
 
         def to_x(v):
@@ -87,14 +101,14 @@ class NLMEFit:
                         m[i, j] = m[j, i] = v[o]
                         o += 1
                 bl.append(m)
-            return pop.pack(th, bl, v[o:])
+            return pop.pack(th, bl, v[o:o + ns], v[o + ns:] if nw else None)
 
         return names, vals, to_x
 
     def _natural_gradient(self, parts):
         """The FOCE-I gradient in `_natural`'s parameters (an omega covariance moves two
         symmetric entries)."""
-        d_theta, gamma, d_sigma = parts
+        d_theta, gamma, d_sigma, d_w = parts
         out, o = [d_theta], 0
         for enames, _ in self.pop.blocks:
             for i in range(len(enames)):
@@ -102,6 +116,7 @@ class NLMEFit:
                     out.append([gamma[o + i, o + j] * (1.0 if i == j else 2.0)])
             o += len(enames)
         out.append(d_sigma)
+        out.append(d_w)
         return np.concatenate([np.atleast_1d(np.asarray(v, dtype=float)) for v in out])
 
     def _standard_errors(self):
@@ -177,7 +192,8 @@ class NLMEFit:
         cols = {c: [] for c in ("ID", "TIME", "DV", "PRED", "IPRED", "RES", "IRES", "IWRES",
                                 "WRES", "CWRES")}
         for sf, eta in zip(self._fits, self.eta):
-            s = Subject(sf, pop.errors, theta, omega, sds, "focei", pop.ebe_tol)
+            s = Subject(sf, pop.errors, theta, omega, sds, "focei", pop.ebe_tol,
+                        pop.weights(self._x), pop.weight_index)
             _, _, _, f0, G0, R0 = s.evaluate(np.zeros_like(eta))
             _, _, _, fi, Gi, Ri = s.evaluate(eta)
             y = sf.y
@@ -204,7 +220,8 @@ class NLMEFit:
             o = 0
             for sf in self._fits:
                 eta = L @ rng.standard_normal(L.shape[0])
-                f, _ = sf.predict(pop.individual.values(theta, eta, sf.cov), sens=False)
+                f, _ = sf.predict(pop.individual.values(theta, eta, sf.cov), False,
+                                  pop.weights(self._x), pop.weight_index)
                 R = variances(pop.errors, sds, sf.err_index, f)[0]
                 out[r, o:o + f.shape[0]] = f + np.sqrt(R) * rng.standard_normal(f.shape[0])
                 o += f.shape[0]

@@ -176,19 +176,20 @@ def test_theo_sd_focei_reproduces_nlmixr2():
 # ---------------------------------------------------------------- the FOCE-I gradient
 
 
-def _check_gradient(pop, subjects, x, rel=1e-5):
+def _check_gradient(pop, subjects, x, directions=None, rel=1e-5):
+    """The FOCE-I gradient against central differences of the objective, along each
+    coordinate (default) or along the rows of ``directions``."""
     fits = pop.prepare(subjects, rtol=1e-11, atol=1e-12)
     etas = [np.zeros(len(pop.eta_names))] * len(fits)
     value, etas, parts = pop._objective_and_gradient(fits, x, etas)
     g = pop.gradient_x(x, parts)
-    fd = np.empty_like(x)
-    for i in range(x.shape[0]):
-        d = np.zeros_like(x)
-        d[i] = 1e-5
+    D = np.eye(x.shape[0]) if directions is None else directions
+    fd = np.empty(D.shape[0])
+    for i, d in enumerate(D * 1e-5):
         hi = pop._objective(fits, x + d, "focei", etas)[0]
         lo = pop._objective(fits, x - d, "focei", etas)[0]
         fd[i] = (hi - lo) / 2e-5
-    np.testing.assert_allclose(g, fd, rtol=rel, atol=rel * np.max(np.abs(fd)))
+    np.testing.assert_allclose(D @ g, fd, rtol=rel, atol=rel * np.max(np.abs(fd)))
 
 
 def _ude(u, p, t, nets):
@@ -206,17 +207,22 @@ def test_focei_gradient_agrees_with_central_differences(error):
     pop = nl.NLME(THEO, _theo_individual, **kw)
     x = pop.pack(pop.theta0, [m for _, m in pop.blocks], sd) + 0.01
     _check_gradient(pop, _theo_subjects()[:4], x)
-    # with a network in the dynamics (its weights fixed, seed 0)
+    # with a network in the dynamics, its weights population parameters
     from nets import Chain, Dense
 
-    model = sciml.Model(_ude, ["depot", "central"], ["ka", "cl", "v"],
-                        nets={"U": Chain(1, Dense(4, "tanh"), Dense(1))},
+    chain = Chain(1, Dense(4, "tanh"), Dense(1))
+    model = sciml.Model(_ude, ["depot", "central"], ["ka", "cl", "v"], nets={"U": chain},
                         observables={"cp": lambda u, p: u.central / p.v})
     theta = model.init_params(seed=0, ka=1.0, cl=1.0, v=1.0)
     subjects = read_events(str(DATA / "theo_sd_nlmixr2data.csv"), model,
                            {1: "depot", 2: "central"}, "cp", params=theta)[:3]
-    pop = nl.NLME(model, _theo_individual, **kw)
-    _check_gradient(pop, subjects, x)
+    pop = nl.NLME(model, _theo_individual, nets={"U": chain.init_params(seed=1)}, **kw)
+    x = pop.pack(pop.theta0, [m for _, m in pop.blocks], sd) + 0.01
+    n = x.shape[0]
+    assert n == 3 + 4 + len(sd) + chain.n_params  # theta, omega, sigma, weights
+    rng = np.random.default_rng(0)
+    weights_only = np.r_[np.zeros(n - chain.n_params), rng.normal(size=chain.n_params)]
+    _check_gradient(pop, subjects[:2], x, np.vstack([rng.normal(size=(2, n)), weights_only]))
 
 
 def test_the_covariance_step_agrees_with_second_differences():
