@@ -74,22 +74,26 @@ class Subject:
         H = Oi + G.T @ (w[:, None] * G)
         return value, grad, H, f, G, R
 
-    def ebe(self, eta0, max_iter=1000):
+    def ebe(self, eta0, max_iter=200):
         """The empirical Bayes estimate from ``eta0``: scoring steps ``-H^-1 grad / 2`` with
         a backtracking line search, until the predicted decrease of O is below ``tol``.
 
         Near the optimum O's changes are lost in the solves' rounding, but its gradient
         (from the sensitivities) is not: steps predicted to change O by less than 1e-8
-        are taken without testing the decrease. Returns ``(eta_hat, evaluate(eta_hat))``.
+        are taken without testing the decrease. Below that, a step that does not shrink
+        the predicted decrease means the gradient's own rounding is reached: the search
+        stops there too. Returns ``(eta_hat, evaluate(eta_hat))``.
         """
         eta = np.array(eta0, dtype=float)
         cur = self.evaluate(eta)
+        last = np.inf
         for _ in range(max_iter):
             value, grad, H = cur[:3]
             step = -0.5 * np.linalg.solve(H, grad)
             decrease = -(grad @ step)
-            if not decrease > self.tol:
+            if not decrease > self.tol or (decrease < 1e-8 and decrease > 0.5 * last):
                 break
+            last = decrease
             a = 1.0
             for _ in range(30):
                 trial = self.evaluate(eta + a * step)

@@ -253,16 +253,20 @@ class NLME:
         out.append(d_w)
         return np.concatenate(out)
 
-    def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei", **solve):
+    def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei",
+                  nets=None, **solve):
         """The objective (-2 log-likelihood, no ``n log 2 pi``) at fixed values.
 
         ``theta``, ``sigma`` : dicts (or sequences in the model's order); ``omega`` : a
-        dict as in the constructor; each defaults to the initial values.
+        dict as in the constructor, or the full (n_eta, n_eta) matrix (its blocks are
+        read); ``nets`` : estimated networks' weights by name; each defaults to the
+        initial values. For subjects left out of a fit, the objective at the fit's
+        estimates is their marginal likelihood (`NLMEFit.objective_on`).
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)
         x = self.pack(self._theta_vector(theta), self._blocks_of(omega),
-                      self._sigma_vector(sigma))
+                      self._sigma_vector(sigma), self._weights_vector(nets))
         k = len(self.eta_names)
         return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
 
@@ -290,9 +294,40 @@ class NLME:
                             dtype=float)
         return np.array(sigma, dtype=float).reshape(len(self.sigma_names))
 
+    def _weights_vector(self, nets):
+        if nets is None:
+            return None
+        unknown = set(nets) - set(self.net_names)
+        if unknown:
+            raise ValueError(f"NLME: `nets` names {sorted(unknown)}, not estimated networks "
+                             f"({', '.join(self.net_names) or 'none'})")
+        w, o = self.w0.copy(), 0
+        for name in self.net_names:
+            n = self.model.nets[name].n_params
+            if name in nets:
+                v = np.array(nets[name], dtype=float).ravel()
+                if v.shape != (n,):
+                    raise ValueError(f"NLME: `nets[{name!r}]` must have {n} weights, got "
+                                     f"shape {np.shape(nets[name])}")
+                w[o:o + n] = v
+            o += n
+        return w
+
     def _blocks_of(self, omega):
         if omega is None:
             return [m for _, m in self.blocks]
+        if isinstance(omega, np.ndarray):
+            k = len(self.eta_names)
+            if omega.shape != (k, k):
+                raise ValueError(f"NLME: `omega` as a matrix must be ({k}, {k}) for etas "
+                                 f"{', '.join(self.eta_names)}, got shape {omega.shape}")
+            out, o = [], 0
+            for names, _ in self.blocks:
+                b = len(names)
+                out.append(np.array(omega[o:o + b, o:o + b], dtype=float))
+                o += b
+            omega = {names if len(names) > 1 else names[0]: m
+                     for (names, _), m in zip(self.blocks, out)}
         given = _omega_blocks(omega)
         if [n for n, _ in given] != [n for n, _ in self.blocks]:
             raise ValueError(f"NLME: `omega` must have the model's blocks "

@@ -29,7 +29,8 @@ class NLMEFit:
         objective's Hessian in these parameters (central differences); empty without
         the covariance step, NaN where the Hessian is not positive definite.
     aic, bic : float
-    n_obs : int
+    n_obs, n_estimated : int
+        Observations, and parameters estimated (thetas, omega entries, sigmas, weights).
     success : bool, message : str
         The outer optimiser's report.
     """
@@ -52,7 +53,7 @@ class NLMEFit:
         self.eta = np.array(etas)
         self.ids = [sf.id for sf in fits]
         self.n_obs = int(sum(sf.y.shape[0] for sf in fits))
-        k = len(free)
+        k = self.n_estimated = len(free)
         self.aic = self.objective + 2 * k
         self.bic = self.objective + k * np.log(self.n_obs)
         self.success, self.message = bool(res.success), str(res.message)
@@ -65,6 +66,13 @@ class NLMEFit:
         return (f"NLMEFit({self.method}, objective={self.objective:.3f}, {th}, "
                 f"omega diag={np.round(np.diag(self.omega), 4).tolist()}, "
                 f"sigma={ {k: round(v, 4) for k, v in self.sigma.items()} })")
+
+    def objective_on(self, subjects, **solve):
+        """The objective of other subjects (held out of the fit) at this fit's estimates:
+        -2 log of their marginal likelihood under the fitted population model."""
+        return self.pop.objective(subjects, theta=self.theta, omega=self.omega,
+                                  sigma=self.sigma, method=self.method, nets=self.nets,
+                                  **solve)
 
     # ---------------------------------------------------------------- covariance step
 
