@@ -207,8 +207,16 @@ def test_focei_gradient_agrees_with_central_differences(error):
     pop = nl.NLME(THEO, _theo_individual, **kw)
     x = pop.pack(pop.theta0, [m for _, m in pop.blocks], sd) + 0.01
     _check_gradient(pop, _theo_subjects()[:4], x)
-    # with a network in the dynamics, its weights population parameters
+
+
+def test_focei_gradient_with_a_network_agrees_with_central_differences():
+    # a network in the dynamics, its weights population parameters
     from nets import Chain, Dense
+
+    kw = dict(theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+              omega={"ka": 0.6, ("cl", "v"): [[0.3, 0.05], [0.05, 0.1]]},
+              error={"cp": nl.Additive(0.7)}, ebe_tol=1e-26)
+    sd = np.array([0.7])
 
     chain = Chain(1, Dense(4, "tanh"), Dense(1))
     model = sciml.Model(_ude, ["depot", "central"], ["ka", "cl", "v"], nets={"U": chain},
