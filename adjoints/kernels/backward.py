@@ -83,13 +83,19 @@ def sse_jumps(U, Yd, Wd, cols, n):
 
 
 @jit
-def _forward(kern, tab, ctl, u0, p, span, obs_t):
-    """The forward half of a lean gradient: the plain problem solved with its steps stored."""
-    n = u0.shape[0]
+def _plain_system(kern, p):
+    """``(model, forward system)`` of a plain problem: no doses, no Rosenbrock buffers."""
     m = Model(kern, p, np.zeros(max(kern[K_WS], 1)))
     no_i = np.zeros(0, dtype=np.int64)
     no2 = np.zeros((0, 0))
-    fsys = Forward(m, no_i, no_i, np.zeros(0), Lin(no2, no2, no_i, no2, no_i))
+    return m, Forward(m, no_i, no_i, np.zeros(0), Lin(no2, no2, no_i, no2, no_i))
+
+
+@jit
+def _forward(kern, tab, ctl, u0, p, span, obs_t):
+    """The forward half of a lean gradient: the plain problem solved with its steps stored."""
+    n = u0.shape[0]
+    m, fsys = _plain_system(kern, p)
     stops = np.empty(2)
     stops[0] = span[0]
     stops[1] = span[1]
@@ -171,11 +177,9 @@ def grad_interp_checkpointed(kern, tab, ctl, ctl_b, u0, p, span, data, grad, sta
     n = u0.shape[0]
     breaks = np.unique(np.concatenate((np.array([span[0], span[1]]), obs_t)))
     nb = breaks.shape[0]
-    m = Model(kern, p, np.zeros(max(kern[K_WS], 1)))
+    m, fsys = _plain_system(kern, p)
     no_i = np.zeros(0, dtype=np.int64)
     no_f = np.zeros(0)
-    no2 = np.zeros((0, 0))
-    fsys = Forward(m, no_i, no_i, no_f, Lin(no2, no2, no_i, no2, no_i))
     ub = np.zeros((nb, n))
     rec = Record(breaks, ub, False, no_f, False, no_f, np.zeros((0, n)), np.zeros((0, 0, n)),
                  np.zeros(0, dtype=np.int8), no_i, np.zeros(6, dtype=np.int64))

@@ -47,6 +47,7 @@ class Data:
             raise ValueError(f"Data: `t` must be finite; entry {int(np.argmin(np.isfinite(t)))}"
                              " is not")
         d = np.diff(t)
+        repeated = bool(np.any(d == 0))
         if repeated_times and np.all(d >= 0):
             d = np.where(d == 0, 1.0, d)  # replicates: rows sharing a time are allowed
         if np.any(d <= 0):
@@ -77,7 +78,7 @@ class Data:
                                  f"were given ({names!r})")
         self.t = t
         self.y = y
-        self.repeated = bool(np.any(np.diff(t) == 0))
+        self.repeated = repeated
         self.kind = "observables" if observables is not None else "states"
         self.names = names
         self.mask = np.isfinite(y)

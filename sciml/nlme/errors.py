@@ -35,7 +35,7 @@ class ErrorModel:
 
     def variance(self, f, sd):
         """``(R, dR/df)`` at predictions ``f`` for standard deviations ``sd``."""
-        raise NotImplementedError
+        return self.terms(f, sd)[:2]
 
     def terms(self, f, sd):
         """``(R, R', R'', dR/dsd, dR'/dsd)``: the variance, its first and second derivatives
@@ -54,9 +54,6 @@ class Additive(ErrorModel):
     def __init__(self, sd):
         super().__init__(sd)
 
-    def variance(self, f, sd):
-        return np.full_like(f, sd[0] ** 2), np.zeros_like(f)
-
     def terms(self, f, sd):
         z = np.zeros_like(f)
         return np.full_like(f, sd[0] ** 2), z, z, np.full((1, f.shape[0]), 2.0 * sd[0]), z[None]
@@ -69,9 +66,6 @@ class Proportional(ErrorModel):
 
     def __init__(self, sd):
         super().__init__(sd)
-
-    def variance(self, f, sd):
-        return (sd[0] * f) ** 2, 2.0 * sd[0] ** 2 * f
 
     def terms(self, f, sd):
         s = sd[0]
@@ -86,9 +80,6 @@ class Combined(ErrorModel):
 
     def __init__(self, add, prop):
         super().__init__(add, prop)
-
-    def variance(self, f, sd):
-        return sd[0] ** 2 + (sd[1] * f) ** 2, 2.0 * sd[1] ** 2 * f
 
     def terms(self, f, sd):
         a, p = sd

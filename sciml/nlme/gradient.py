@@ -105,9 +105,9 @@ def focei_gradient(s, eta):
     gamma = Oi - np.outer(Oe, Oe) - OHO + (np.outer(Oe, Ou) + np.outer(Ou, Oe))
 
     d_sd = []
-    for (sel, rs, r1s), (model, sd) in zip(sd_parts, zip(s.errors, s.sd)):
+    for (sel, rs, r1s), sd in zip(sd_parts, s.sd):
         out = np.empty(len(sd))
-        Gs, es, Rs_, R1s_, inv_s = G[sel], e[sel], R[sel], R1[sel], inv[sel]
+        Gs, es, R1s_, inv_s = G[sel], e[sel], R1[sel], inv[sel]
         for b in range(len(sd)):
             dR, dR1 = rs[b], r1s[b]
             dl = dR * c0[sel]
@@ -116,7 +116,6 @@ def focei_gradient(s, eta):
             dw = -dR * inv_s ** 2 + R1s_ * dR1 * inv_s ** 2 - R1s_ ** 2 * dR * inv_s ** 3
             dHs = Gs.T @ (dw[:, None] * Gs)
             out[b] = np.sum(dl) + np.sum(Hi * dHs) - u @ (Gs.T @ dlf)
-        del Rs_, model
         d_sd.append(out)
 
     # network weights: like a theta, with dphi/dw = 0 (the weights act on f directly)

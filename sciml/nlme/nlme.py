@@ -265,34 +265,26 @@ class NLME:
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)
-        x = self.pack(self._theta_vector(theta), self._blocks_of(omega),
-                      self._sigma_vector(sigma), self._weights_vector(nets))
+        x = self.pack(self._vector(theta, self.theta_names, self.theta0, "theta"),
+                      self._blocks_of(omega),
+                      self._vector(sigma, self.sigma_names, self.sigma0, "sigma"),
+                      self._weights_vector(nets))
         k = len(self.eta_names)
         return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
 
-    def _theta_vector(self, theta):
-        if theta is None:
-            return self.theta0
-        if isinstance(theta, dict):
-            unknown = set(theta) - set(self.theta_names)
+    @staticmethod
+    def _vector(values, names, defaults, kind):
+        """``values`` (None, a dict by name, or a sequence in ``names``' order) as an array,
+        ``defaults`` where not given."""
+        if values is None:
+            return defaults
+        if isinstance(values, dict):
+            unknown = set(values) - set(names)
             if unknown:
-                raise ValueError(f"NLME: unknown theta {sorted(unknown)}; thetas: "
-                                 f"{', '.join(self.theta_names)}")
-            return np.array([theta.get(n, v) for n, v in zip(self.theta_names, self.theta0)],
-                            dtype=float)
-        return np.array(theta, dtype=float).reshape(len(self.theta_names))
-
-    def _sigma_vector(self, sigma):
-        if sigma is None:
-            return self.sigma0
-        if isinstance(sigma, dict):
-            unknown = set(sigma) - set(self.sigma_names)
-            if unknown:
-                raise ValueError(f"NLME: unknown sigma {sorted(unknown)}; sigmas: "
-                                 f"{', '.join(self.sigma_names)}")
-            return np.array([sigma.get(n, v) for n, v in zip(self.sigma_names, self.sigma0)],
-                            dtype=float)
-        return np.array(sigma, dtype=float).reshape(len(self.sigma_names))
+                raise ValueError(f"NLME: unknown {kind} {sorted(unknown)}; {kind}s: "
+                                 f"{', '.join(names)}")
+            return np.array([values.get(n, v) for n, v in zip(names, defaults)], dtype=float)
+        return np.array(values, dtype=float).reshape(len(names))
 
     def _weights_vector(self, nets):
         if nets is None:

@@ -184,13 +184,17 @@ class NLMEFit:
         residuals decorrelated (symmetric inverse square root) by the FO covariance at
         eta = 0 and the FOCE covariance at the estimates (Hooker et al., Pharm. Res. 24,
         2007); IWRES = IRES / sqrt(R(IPRED))."""
-        if self._table is None:
-            self._table = self._make_table()
         try:
             import pandas as pd
         except ImportError:
-            return dict(self._table)
-        return pd.DataFrame(self._table)
+            return dict(self._columns())
+        return pd.DataFrame(self._columns())
+
+    def _columns(self):
+        """The table's columns (dict of arrays), made once."""
+        if self._table is None:
+            self._table = self._make_table()
+        return self._table
 
     def _make_table(self):
         pop = self.pop
@@ -251,8 +255,7 @@ class NLMEFit:
         dict with ``time`` (bin mid-times: median observation time), ``observed``
         (n_bins, n_q), ``sim_median``, ``sim_lo``, ``sim_hi`` (n_bins, n_q), ``edges``.
         """
-        t = self._table if self._table is not None else self._make_table()
-        self._table = t
+        t = self._columns()
         time, dv, pred = t["TIME"], t["DV"], t["PRED"]
         sims = self.simulate(n_sim, seed)
         if pred_corrected:
@@ -289,7 +292,7 @@ class NLMEFit:
         import matplotlib.pyplot as plt
 
         d = self.vpc_data(n_sim, bins, quantiles, ci, pred_corrected, seed)
-        t = self._table
+        t = self._columns()
         fig, ax = plt.subplots(figsize=(8, 5))
         ax.scatter(t["TIME"], t["DV"], s=8, color="0.6", label="observed")
         for k, qv in enumerate(d["quantiles"]):
@@ -311,8 +314,7 @@ class NLMEFit:
         matplotlib figure, saved to ``path`` when given."""
         import matplotlib.pyplot as plt
 
-        t = self._table if self._table is not None else self._make_table()
-        self._table = t
+        t = self._columns()
         fig, ax = plt.subplots(2, 2, figsize=(9, 8))
         for a, x, label in ((ax[0, 0], "PRED", "population"), (ax[0, 1], "IPRED", "individual")):
             a.scatter(t[x], t["DV"], s=12, alpha=0.7)
