@@ -177,8 +177,9 @@ class NLMEFit:
 
     @property
     def table(self):
-        """Per observation: ID, TIME, DV, PRED, IPRED, RES, IRES, IWRES, WRES, CWRES (a pandas
-        DataFrame when pandas is installed, else a dict of arrays).
+        """Per observation: ID, TIME, OBS (the observable or state), DV, PRED, IPRED, RES,
+        IRES, IWRES, WRES, CWRES (a pandas DataFrame when pandas is installed, else a dict
+        of arrays).
 
         PRED/IPRED: predictions at eta = 0 and at the estimates; WRES and CWRES the
         residuals decorrelated (symmetric inverse square root) by the FO covariance at
@@ -201,8 +202,8 @@ class NLMEFit:
         theta, blocks, sigma = pop.unpack(self._x)
         omega = pop._omega_matrix(blocks)
         sds = pop._sd_per_error(sigma)
-        cols = {c: [] for c in ("ID", "TIME", "DV", "PRED", "IPRED", "RES", "IRES", "IWRES",
-                                "WRES", "CWRES")}
+        cols = {c: [] for c in ("ID", "TIME", "OBS", "DV", "PRED", "IPRED", "RES", "IRES",
+                                "IWRES", "WRES", "CWRES")}
         for sf, eta in zip(self._fits, self.eta):
             s = Subject(sf, pop.errors, theta, omega, sds, "focei", pop.ebe_tol,
                         pop.weights(self._x), pop.weight_index)
@@ -211,12 +212,26 @@ class NLMEFit:
             y = sf.y
             wres = _decorrelate(G0 @ omega @ G0.T + np.diag(R0), y - f0)
             cwres = _decorrelate(Gi @ omega @ Gi.T + np.diag(Ri), y - fi + Gi @ eta)
-            for c, v in (("ID", [sf.id] * y.shape[0]), ("TIME", sf.t), ("DV", y),
+            for c, v in (("ID", [sf.id] * y.shape[0]), ("TIME", sf.t),
+                         ("OBS", [pop.error_names[e] for e in sf.err_index]), ("DV", y),
                          ("PRED", f0), ("IPRED", fi), ("RES", y - f0), ("IRES", y - fi),
                          ("IWRES", (y - fi) / np.sqrt(Ri)), ("WRES", wres),
                          ("CWRES", cwres)):
                 cols[c].extend(list(v))
         return {c: (np.array(v) if c != "ID" else v) for c, v in cols.items()}
+
+    def _select(self, observable):
+        """The table's rows of ``observable`` (a boolean mask); None: the only one there is."""
+        names = self.pop.error_names
+        if observable is None:
+            if len(names) > 1:
+                raise ValueError(f"NLMEFit: the model has several observed quantities "
+                                 f"({', '.join(names)}); pass `observable=`")
+            observable = names[0]
+        if observable not in names:
+            raise ValueError(f"NLMEFit: `observable` {observable!r} is not observed; observed: "
+                             f"{', '.join(names)}")
+        return np.array(self._columns()["OBS"]) == observable
 
     def simulate(self, n_sim=200, seed=0):
         """Replicates of the observations from the fitted model: ``(n_sim, n_obs)``, in the
@@ -239,8 +254,40 @@ class NLMEFit:
                 o += f.shape[0]
         return out
 
+    def npde(self, n_sim=1000, seed=0):
+        """Normalised prediction distribution errors, per observation in the table's order.
+
+        Per subject, the observations and ``n_sim`` replicates simulated from the fitted
+        model (`simulate`) are decorrelated by the replicates' mean and covariance
+        (Cholesky factor); the prediction distribution error of an observation is the
+        fraction of decorrelated replicates below it, and the NPDE its standard normal
+        quantile (the fraction kept inside ``[1/(2 n_sim), 1 - 1/(2 n_sim)]``). If the
+        model is right they are independent N(0, 1) (Brendel et al., Pharm. Res. 23,
+        2006; Comets et al., Comput. Methods Programs Biomed. 90, 2008).
+        """
+        from scipy.special import ndtri
+
+        sims = self.simulate(n_sim, seed)
+        dv = self._columns()["DV"]
+        out = np.empty(dv.shape[0])
+        o = 0
+        for sf in self._fits:
+            m = sf.y.shape[0]
+            if n_sim <= m:
+                raise ValueError(f"npde: `n_sim` must exceed the largest subject's number of "
+                                 f"observations ({m}), got {n_sim}")
+            ys = sims[:, o:o + m]
+            mean = ys.mean(axis=0)
+            L = np.linalg.cholesky(np.atleast_2d(np.cov(ys, rowvar=False)))
+            z_obs = np.linalg.solve(L, dv[o:o + m] - mean)
+            z_sim = np.linalg.solve(L, (ys - mean).T)  # (m, n_sim)
+            pde = np.mean(z_sim < z_obs[:, None], axis=1)
+            out[o:o + m] = ndtri(np.clip(pde, 0.5 / n_sim, 1.0 - 0.5 / n_sim))
+            o += m
+        return out
+
     def vpc_data(self, n_sim=200, bins=None, quantiles=(0.05, 0.5, 0.95), ci=0.95,
-                 pred_corrected=False, seed=0):
+                 pred_corrected=False, seed=0, observable=None):
         """The numbers of a visual predictive check (`vpc`).
 
         Observations are binned by time (``bins``: None = one bin per distinct time when
@@ -248,16 +295,17 @@ class NLMEFit:
         bin: the observed ``quantiles`` and, over ``n_sim`` simulated replicates of the
         study, the median and the ``ci`` interval of each simulated quantile. With
         ``pred_corrected``, observations and simulations are scaled by the bin's median
-        PRED over each one's PRED (Bergstrand et al., AAPS J. 13, 2011).
+        PRED over each one's PRED (Bergstrand et al., AAPS J. 13, 2011). ``observable``:
+        which observed quantity (needed when there are several).
 
         Returns
         -------
         dict with ``time`` (bin mid-times: median observation time), ``observed``
         (n_bins, n_q), ``sim_median``, ``sim_lo``, ``sim_hi`` (n_bins, n_q), ``edges``.
         """
-        t = self._columns()
-        time, dv, pred = t["TIME"], t["DV"], t["PRED"]
-        sims = self.simulate(n_sim, seed)
+        t, sel = self._columns(), self._select(observable)
+        time, dv, pred = t["TIME"][sel], t["DV"][sel], t["PRED"][sel]
+        sims = self.simulate(n_sim, seed)[:, sel]
         if pred_corrected:
             if np.any(pred <= 0):
                 raise ValueError("vpc: prediction correction needs PRED > 0 everywhere")
@@ -285,16 +333,16 @@ class NLMEFit:
         return out
 
     def vpc(self, n_sim=200, bins=None, quantiles=(0.05, 0.5, 0.95), ci=0.95,
-            pred_corrected=False, seed=0, path=None):
+            pred_corrected=False, seed=0, observable=None, path=None):
         """A visual predictive check (see `vpc_data`): observed percentiles as lines over
         the simulated ones' confidence bands, the observations as points; a matplotlib
         figure, saved to ``path`` when given."""
         import matplotlib.pyplot as plt
 
-        d = self.vpc_data(n_sim, bins, quantiles, ci, pred_corrected, seed)
-        t = self._columns()
+        d = self.vpc_data(n_sim, bins, quantiles, ci, pred_corrected, seed, observable)
+        t, sel = self._columns(), self._select(observable)
         fig, ax = plt.subplots(figsize=(8, 5))
-        ax.scatter(t["TIME"], t["DV"], s=8, color="0.6", label="observed")
+        ax.scatter(t["TIME"][sel], t["DV"][sel], s=8, color="0.6", label="observed")
         for k, qv in enumerate(d["quantiles"]):
             shade = "C1" if abs(qv - 0.5) < 1e-12 else "C0"
             ax.fill_between(d["time"], d["sim_lo"][:, k], d["sim_hi"][:, k], color=shade,
@@ -309,12 +357,14 @@ class NLMEFit:
             fig.savefig(path, dpi=120)
         return fig
 
-    def gof(self, path=None):
-        """Goodness-of-fit plots (DV vs PRED and IPRED, CWRES vs TIME and PRED): a
-        matplotlib figure, saved to ``path`` when given."""
+    def gof(self, path=None, observable=None):
+        """Goodness-of-fit plots (DV vs PRED and IPRED, CWRES vs TIME and PRED) of
+        ``observable`` (needed when there are several): a matplotlib figure, saved to
+        ``path`` when given."""
         import matplotlib.pyplot as plt
 
-        t = self._columns()
+        sel = self._select(observable)
+        t = {k: np.asarray(v)[sel] for k, v in self._columns().items()}
         fig, ax = plt.subplots(2, 2, figsize=(9, 8))
         for a, x, label in ((ax[0, 0], "PRED", "population"), (ax[0, 1], "IPRED", "individual")):
             a.scatter(t[x], t["DV"], s=12, alpha=0.7)
