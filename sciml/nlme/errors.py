@@ -38,8 +38,10 @@ class ErrorModel:
         return self.terms(f, sd)[:2]
 
     def terms(self, f, sd):
-        """``(R, R', R'', dR/dsd, dR'/dsd)``: the variance, its first and second derivatives
-        in ``f``, and the derivatives of the first two in each sd (arrays (n_sd, len(f)))."""
+        """``(R, R', R'', dR/dsd, dR'/dsd, dR''/dsd)``: the variance, its first and second
+        derivatives in ``f``, and the derivatives of these three in each sd (arrays
+        (n_sd, len(f))). The exact gradients take the variance at most quadratic in ``f``
+        (no third derivative), as it is in the three models here."""
         raise NotImplementedError
 
     def __repr__(self):
@@ -56,7 +58,8 @@ class Additive(ErrorModel):
 
     def terms(self, f, sd):
         z = np.zeros_like(f)
-        return np.full_like(f, sd[0] ** 2), z, z, np.full((1, f.shape[0]), 2.0 * sd[0]), z[None]
+        return (np.full_like(f, sd[0] ** 2), z, z, np.full((1, f.shape[0]), 2.0 * sd[0]), z[None],
+                z[None])
 
 
 class Proportional(ErrorModel):
@@ -70,7 +73,7 @@ class Proportional(ErrorModel):
     def terms(self, f, sd):
         s = sd[0]
         return ((s * f) ** 2, 2.0 * s * s * f, np.full_like(f, 2.0 * s * s),
-                (2.0 * s * f * f)[None], (4.0 * s * f)[None])
+                (2.0 * s * f * f)[None], (4.0 * s * f)[None], np.full((1, f.shape[0]), 4.0 * s))
 
 
 class Combined(ErrorModel):
@@ -85,4 +88,5 @@ class Combined(ErrorModel):
         a, p = sd
         return (a * a + (p * f) ** 2, 2.0 * p * p * f, np.full_like(f, 2.0 * p * p),
                 np.stack([np.full_like(f, 2.0 * a), 2.0 * p * f * f]),
-                np.stack([np.zeros_like(f), 4.0 * p * f]))
+                np.stack([np.zeros_like(f), 4.0 * p * f]),
+                np.stack([np.zeros_like(f), np.full_like(f, 4.0 * p)]))

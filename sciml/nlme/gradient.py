@@ -1,130 +1,209 @@
-"""The gradient of a subject's FOCE-I objective in the population parameters.
+"""Exact gradients of a subject's objective in the population parameters, all four methods.
 
-With the notation of `likelihood` (``l_j(f) = (y_j - f_j)**2 / R_j + log R_j``,
-``O = sum_j l_j + eta^T Omega^-1 eta``, ``H = Omega^-1 + G^T diag(w) G`` with
-``w = 1/R + R'**2 / (2 R**2)``), the objective is
-``OFV(psi) = O(eta_hat, psi) + log|Omega| + log|H(eta_hat, psi)|`` where
-``eta_hat(psi)`` minimises O. Its total derivative in a population parameter
-``psi`` (a theta, an omega entry, a residual sd) is
+Notation (`likelihood`, `derivatives`): per observation ``l_j = (y_j - f_j)**2 / R_j
++ log R_j``; ``O(eta) = sum_j l_j + eta^T Omega^-1 eta``, its gradient
+``g = G^T l' + 2 Omega^-1 eta`` and exact Hessian
+``K = G^T diag(l'') G + sum_j l'_j Gee_j + 2 Omega^-1`` (``G = df/deta``,
+``Gee_j = d2f_j/deta2``; ``l'``, ``l''`` total derivatives in f, through ``R(f)``
+where the variance moves with f). A population parameter ``psi`` is a theta, a
+residual sd or a network weight (Omega apart, below); at fixed eta it moves f
+(``df``), G (``dG``) and, for the sds, ``R, R', R''`` at fixed f (``dl``, ``dl'``, ...
+are those changes plus the f-derivative times ``df``).
 
-    dOFV/dpsi = dO/dpsi + dlog|Omega|/dpsi + tr(H^-1 dH/dpsi)
-                - u^T d(grad_eta O)/dpsi,      u = K^-1 (v + grad_eta O),
+**The inner problem.** ``eta_hat(psi)`` solves ``g = 0``; the implicit derivative
+``d eta_hat/dpsi = -K^-1 dg/dpsi`` is taken once, backwards: for an objective
+``OFV(eta_hat(psi), psi)``
 
-with ``v_c = tr(H^-1 dH/deta_c)`` and ``K`` the exact Hessian of O in eta:
-the implicit-function derivative ``d eta_hat/dpsi = -K^-1 d(grad_eta O)/dpsi``
-taken once, backwards, through ``u`` (``grad_eta O`` is zero at an exact
-optimum; keeping it makes the result the derivative of what was computed).
-It needs the predictions' second derivatives in eta and theta: the chain rule
-through the individual function (exact, sympy) and the ODE's second-order
-sensitivities ``d2f/dphi2``, here central differences of the first-order
-ones (`_second_order`), 2 k extra sensitivity solves for k individual
-parameters.
+    dOFV/dpsi = dOFV/dpsi|_eta - u^T dg/dpsi|_eta,    u = K^-1 dOFV/deta|_psi,
+    dg/dpsi|_eta = dG^T l' + G^T dl'.
+
+**FOCE-I and Laplace**: ``OFV = O(eta_hat) + log|Omega| + log|H|`` with
+``H = Omega^-1 + G^T diag(d) G + sum_j e_j Gee_j``: FOCE-I ``d = w = 1/R + R'**2/(2 R**2)``,
+``e = 0`` (the expected information); Laplace ``d = l''/2``, ``e = l'/2`` (``H = K/2``,
+the objective's own Hessian). Then ``dOFV/deta = g + v`` (g is zero at an exact
+optimum; kept, the result is the derivative of what was computed),
+``v_c = tr(H^-1 dH/deta_c)``, and
+
+    dOFV/dpsi|_eta = l'.df + sum(dl) + tr(H^-1 dH/dpsi),
+    tr(H^-1 dH) = 2 sum(dG * diag(d) G H^-1) + q.dd + t.de + T3,
+
+``q_j = (G H^-1 G^T)_jj``, ``t_j = tr(H^-1 Gee_j)``, ``T3 = sum_j e_j tr(H^-1 dGee_j)``
+(eta: ``df = G_c``, ``dG = Gee_c``). For Omega, ``dOFV = tr(Gamma dOmega)`` with
+``Gamma = Omega^-1 - Oe Oe^T - Omega^-1 H^-1 Omega^-1 + Oe Ou^T + Ou Oe^T``
+(``Oe = Omega^-1 eta_hat``, ``Ou = Omega^-1 u``; the last two from g's
+``2 Omega^-1 eta``).
+
+**The third-order term** (Laplace). ``T = sum_j e_j tr(A Gee_j)`` at fixed e and
+``A = H^-1``, with ``Gee_j = pe^T F2_j pe + F_j pee`` (``F = df/dphi``,
+``F2 = d2f/dphi2``, ``pe = dphi/deta``, ``pee = d2phi/deta2``). With
+``M = pe A pe^T = sum_c lam_c V_c V_c^T`` (``A = sum_c lam_c a_c a_c^T``,
+``V_c = pe a_c``) and ``N_k = sum_ac pee_kac A_ac``,
+``T = sum_j e_j (sum_kl M_kl F2_jkl + F_j.N)``. It changes
+
+- through the model parameters p (phi, the weights) at fixed M and N:
+  ``tau_p = sum_j e_j (sum_c lam_c d2/dh2 S_jp(phi + h V_c) + sum_k F2p_jkp N_k)``,
+  ``S = df/dp``; the curvatures along ``V_c`` are second differences of the
+  sensitivities (2 n_eta extra solves);
+- through pe: ``2 sum((Y pe A) * dpe)``, ``Y = sum_j e_j F2_j``, ``dpe = pet`` (theta)
+  or ``pee`` (eta);
+- through pee: ``(e F).dN``, dN by central differences of the individual function's
+  exact second derivatives;
+
+so ``T3(theta) = tau_phi pt + ...``, ``T3(eta) = tau_phi pe + ...``,
+``T3(w) = tau_w``. The Hessian the objective uses is this K (second-order
+sensitivities, `likelihood.Subject.hessian`), so the gradient is the derivative of
+what is computed, up to the central differences' O(h**2) (about 1e-6 relative
+against central differences of the objective; those need a step near 1e-4 there,
+the Hessian inside being made of differenced sensitivities whose rounding, about
+3e-10 of the objective, smaller steps magnify).
+
+**FO and FOCE**: ``OFV = -2 log N(y; mu, C)`` without the constant,
+``mu = f - G eta``, ``C = G Omega G^T + diag(R0)``, ``R0 = R(f(0))``. With
+``a = C^-1 (y - mu)`` and ``P = C^-1 - a a^T``,
+
+    dOFV = -2 a.dmu + tr(P dC)
+         = -2 a.(df - dG eta) + 2 sum(dG * P G Omega) + diag(P).dR0 + tr(G^T P G dOmega),
+
+``dR0 = R'(f(0)) df(0) + dR/dsd``. FO: ``eta = 0``, no inner problem. FOCE:
+``eta_hat`` minimises O with R fixed at R0 (``l' = -2 e/R0``, ``l'' = 2/R0``,
+``dl' = 2 e/R0**2 dR0``), ``dmu/deta_c = -Gee_c eta`` and ``u = K^-1 dOFV/deta``;
+Gamma gains ``Oe Ou^T + Ou Oe^T``.
+
+All need the predictions' second derivatives (`derivatives.Local`: 2 k extra
+sensitivity solves for k individual parameters); FOCE with a variance that moves
+with f also the sensitivities at eta = 0.
 """
 
 import numpy as np
 
-_FD_PHI = 1e-5  # relative step of the central differences of the sensitivities
+from .derivatives import (
+    Change,
+    Local,
+    curvatures,
+    hessian,
+    individual_third,
+    residual_jets,
+    variance_terms,
+)
 
 
-def _second_order(s, phi):
-    """``d2f/dphi dp`` (m, k, n_params): central differences over the k individual
-    parameters of the sensitivities to every model parameter."""
-    k = phi.shape[0]
-    out = []
-    for ell in range(k):
-        h = _FD_PHI * max(abs(phi[ell]), 1e-3)
-        d = np.zeros(k)
-        d[ell] = h
-        hi = s.sf.predict(phi + d, True, s.weights, s.weight_index, full=True)[1]
-        lo = s.sf.predict(phi - d, True, s.weights, s.weight_index, full=True)[1]
-        out.append((hi - lo) / (2 * h))
-    return np.stack(out, axis=1)
+def gradient(s, eta):
+    """``(dOFV/dpsi (n_theta + n_sigma + n_w,), Gamma (n_eta, n_eta))`` of the subject ``s``
+    (`likelihood.Subject`, any method) at its estimate ``eta``: the population directions
+    thetas, residual sds, estimated network weights; ``dOFV = tr(Gamma dOmega)`` for
+    symmetric changes of Omega."""
+    if s.method in ("fo", "foce"):
+        return _linearised(s, s.local(eta))
+    return _laplace_type(s, s.local(eta))
 
 
-def focei_gradient(s, eta):
-    """``(dOFV/dtheta (n_theta,), Gamma (n_eta, n_eta), dOFV/dsd per error model,
-    dOFV/dweights)`` of the subject ``s`` (`likelihood.Subject`, method "focei") at its
-    estimate ``eta``; ``dOFV = tr(Gamma dOmega)`` for symmetric changes of Omega; the
-    last is empty unless network weights are estimated (``s.weight_index``)."""
-    ind, sf = s.sf.individual, s.sf
-    phi, pe, pt = ind.derivatives(s.theta, eta, sf.cov)
-    pee, pet = ind.second_derivatives(s.theta, eta, sf.cov)
-    f, Ffull = sf.predict(phi, True, s.weights, s.weight_index, full=True)
-    idx = ind.index
-    F = Ffull[:, idx]
-    F2full = _second_order(s, phi)
-    F2 = F2full[:, :, idx]
-    F2 = 0.5 * (F2 + F2.transpose(0, 2, 1))
-    G = F @ pe                      # (m, n_eta)
-    Ft = F @ pt                     # df/dtheta at fixed eta, (m, n_theta)
-    Gee = np.einsum("jkl,ka,lc->jac", F2, pe, pe) + np.einsum("jk,kac->jac", F, pee)
-    Get = np.einsum("jkl,ka,lb->jab", F2, pe, pt) + np.einsum("jk,kab->jab", F, pet)
+def _variances(s, f):
+    return variance_terms(s.errors, s.sd, s.sf.err_index, f)
 
-    y = sf.y
-    e = y - f
-    m, ne, nt = y.shape[0], eta.shape[0], s.theta.shape[0]
-    R, R1, R2 = np.empty(m), np.empty(m), np.empty(m)
-    sd_parts = []  # (error index, selection, dR/dsd, dR'/dsd)
-    for q, (model, sd) in enumerate(zip(s.errors, s.sd)):
-        sel = sf.err_index == q
-        r, r1, r2, rs, r1s = model.terms(f[sel], sd)
-        R[sel], R1[sel], R2[sel] = r, r1, r2
-        sd_parts.append((sel, rs, r1s))
-    inv = 1.0 / R
-    c0 = inv - e * e * inv * inv             # dl/dR
-    lf = -2.0 * e * inv + R1 * c0
-    lff = (2.0 * inv + 4.0 * e * R1 * inv * inv + R2 * c0
-           + R1 * R1 * (2.0 * e * e * inv ** 3 - inv * inv))
-    w = inv + 0.5 * R1 * R1 * inv * inv
-    wf = -R1 * inv * inv + R1 * R2 * inv * inv - R1 ** 3 * inv ** 3
 
-    Oi = s.omega_inv
-    H = Oi + G.T @ (w[:, None] * G)
+def _in_sigma(loc, parts):
+    """Per-sd arrays (m, n_sigma) placed in the population directions (zero elsewhere)."""
+    m, nt, nw = loc.f.shape[0], loc.pt.shape[1], loc.wi.shape[0]
+    return [loc.population(np.zeros((m, nt)), np.zeros((m, nw)), p) for p in parts]
+
+
+def _implicit(loc, L1, dr):
+    """``dg/dpsi`` at fixed eta (n_eta, n_pop), ``L1`` the `Jet` of l'."""
+    return np.einsum("jan,j->an", loc.dG, L1.v) + loc.G.T @ L1.change(loc.df, dr)
+
+
+def _omega_implicit(omega_inv, eta, u):
+    """Gamma's part from ``-u^T dg/dOmega`` (g's ``2 Omega^-1 eta``)."""
+    Oe, Ou = omega_inv @ eta, omega_inv @ u
+    return np.outer(Oe, Ou) + np.outer(Ou, Oe)
+
+
+def _trace(loc, Hi, d, e, df, dG, dr=None):
+    """``tr(H^-1 dH)`` (n,) for changes ``df`` (m, n), ``dG`` (m, n_eta, n) and ``dr``,
+    without the third-order term (see the module docstring)."""
+    B = loc.G @ Hi
+    out = (2.0 * np.einsum("ja,jan->n", d.v[:, None] * B, dG)
+           + np.sum(B * loc.G, axis=1) @ d.change(df, dr))
+    if e is not None:
+        out = out + np.einsum("ac,jac->j", Hi, loc.Gee) @ e.change(df, dr)
+    return out
+
+
+def _laplace_type(s, loc):
+    """FOCE-I and Laplace (``O(eta_hat) + log|Omega| + log|H|``)."""
+    Oi, eta, G = s.omega_inv, loc.eta, loc.G
+    vt = _variances(s, loc.f)
+    L0, L1, L2, w = residual_jets(s.sf.y, loc.f, vt.R, vt.R1, vt.R2)
+    dr = Change(*_in_sigma(loc, (vt.Rs, vt.R1s, vt.R2s)))
+    K = hessian(loc, L1.v, L2.v, Oi)
+    if s.method == "focei":
+        d, e = w, None
+        H = Oi + G.T @ (w.v[:, None] * G)
+    else:
+        d, e = L2.scaled(0.5), L1.scaled(0.5)
+        H = 0.5 * K
     Hi = np.linalg.inv(H)
-    K = G.T @ (lff[:, None] * G) + np.einsum("j,jac->ac", lf, Gee) + 2.0 * Oi
-    g_eta = G.T @ lf + 2.0 * Oi @ eta
-    WG = w[:, None] * G
-
-    def dH(dG, df):
-        """dH for a change dG (m, n_eta) of G and df (m,) of f."""
-        A = dG.T @ WG
-        return A + A.T + G.T @ ((wf * df)[:, None] * G)
-
-    v = np.array([np.sum(Hi * dH(Gee[:, :, c], G[:, c])) for c in range(ne)])
-    u = np.linalg.solve(K, v + g_eta)
-
-    d_theta = np.empty(nt)
-    for a in range(nt):
-        dGa = Get[:, :, a]
-        d_grad = dGa.T @ lf + G.T @ (lff * Ft[:, a])
-        d_theta[a] = lf @ Ft[:, a] + np.sum(Hi * dH(dGa, Ft[:, a])) - u @ d_grad
-
+    tr = _trace(loc, Hi, d, e, loc.df, loc.dG, dr)
+    v = _trace(loc, Hi, d, e, G, loc.Gee)
+    if e is not None:
+        t_pop, t_eta = _third_order(s, loc, e.v, Hi)
+        tr, v = tr + t_pop, v + t_eta
+    g = G.T @ L1.v + 2.0 * Oi @ eta
+    u = np.linalg.solve(K, v + g)
+    d_pop = (L1.v @ loc.df + np.sum(L0.change(None, dr), axis=0) + tr
+             - u @ _implicit(loc, L1, dr))
     Oe = Oi @ eta
-    OHO = Oi @ Hi @ Oi
-    Ou = Oi @ u
-    gamma = Oi - np.outer(Oe, Oe) - OHO + (np.outer(Oe, Ou) + np.outer(Ou, Oe))
+    gamma = Oi - np.outer(Oe, Oe) - Oi @ Hi @ Oi + _omega_implicit(Oi, eta, u)
+    return d_pop, gamma
 
-    d_sd = []
-    for (sel, rs, r1s), sd in zip(sd_parts, s.sd):
-        out = np.empty(len(sd))
-        Gs, es, R1s_, inv_s = G[sel], e[sel], R1[sel], inv[sel]
-        for b in range(len(sd)):
-            dR, dR1 = rs[b], r1s[b]
-            dl = dR * c0[sel]
-            dlf = (2.0 * es * dR * inv_s ** 2 + dR1 * c0[sel]
-                   + R1s_ * (-dR * inv_s ** 2 + 2.0 * es * es * dR * inv_s ** 3))
-            dw = -dR * inv_s ** 2 + R1s_ * dR1 * inv_s ** 2 - R1s_ ** 2 * dR * inv_s ** 3
-            dHs = Gs.T @ (dw[:, None] * Gs)
-            out[b] = np.sum(dl) + np.sum(Hi * dHs) - u @ (Gs.T @ dlf)
-        d_sd.append(out)
 
-    # network weights: like a theta, with dphi/dw = 0 (the weights act on f directly)
-    wi = s.weight_index if s.weights is not None else np.zeros(0, dtype=np.int64)
-    d_w = np.empty(wi.shape[0])
-    Fw = Ffull[:, wi]                                   # df/dw, (m, n_w)
-    Gw = np.einsum("jkw,ka->jaw", F2full[:, :, wi], pe)  # dG/dw, (m, n_eta, n_w)
-    for a in range(wi.shape[0]):
-        dGa = Gw[:, :, a]
-        d_grad = dGa.T @ lf + G.T @ (lff * Fw[:, a])
-        d_w[a] = lf @ Fw[:, a] + np.sum(Hi * dH(dGa, Fw[:, a])) - u @ d_grad
-    return d_theta, gamma, d_sd, d_w
+def _third_order(s, loc, e, A):
+    """``T3``: the change of ``sum_j e_j tr(A Gee_j)`` at fixed e and A, in the population
+    directions (n_pop,) and in eta (n_eta,) (see the module docstring)."""
+    idx = s.sf.individual.index
+    lam, vec = np.linalg.eigh(A)
+    D = curvatures(s, loc, loc.pe @ vec)                    # (m, n_eta, n_params)
+    N = np.einsum("kac,ac->k", loc.pee, A)
+    tau = np.einsum("j,jcp,c->p", e, D, lam) + np.einsum("j,jkp,k->p", e, loc.F2p, N)
+    YpA = 2.0 * np.einsum("j,jkl->kl", e, loc.F2) @ loc.pe @ A  # (k, n_eta)
+    eF = e @ loc.F
+    dN_theta, dN_eta = individual_third(s, loc, A)
+    t_theta = tau[idx] @ loc.pt + np.einsum("ka,kab->b", YpA, loc.pet) + eF @ dN_theta
+    t_eta = tau[idx] @ loc.pe + np.einsum("ka,kac->c", YpA, loc.pee) + eF @ dN_eta
+    return loc.population(t_theta, tau[loc.wi]), t_eta
+
+
+def _linearised(s, loc):
+    """FO and FOCE (``-2 log N(y; f - G eta, G Omega G^T + diag(R(f(0))))``)."""
+    Om, Oi, eta, G = s.omega, s.omega_inv, loc.eta, loc.G
+    vt0, df0 = _population_prediction(s, loc)
+    dR0 = vt0.R1[:, None] * df0 + _in_sigma(loc, (vt0.Rs,))[0]
+    Ci = np.linalg.inv(G @ Om @ G.T + np.diag(vt0.R))
+    a = Ci @ (s.sf.y - loc.f + G @ eta)
+    P = Ci - np.outer(a, a)
+    B = P @ G @ Om
+
+    def d_ofv(dmu, dG, dR=None):
+        out = -2.0 * a @ dmu + 2.0 * np.einsum("ja,jan->n", B, dG)
+        return out if dR is None else out + np.diag(P) @ dR
+
+    d_pop = d_ofv(loc.df - np.einsum("jan,a->jn", loc.dG, eta), loc.dG, dR0)
+    gamma = G.T @ P @ G
+    if s.method == "foce":
+        _, L1, L2, _ = residual_jets(s.sf.y, loc.f, vt0.R, 0.0, 0.0)
+        v = d_ofv(-np.einsum("jac,a->jc", loc.Gee, eta), loc.Gee)
+        u = np.linalg.solve(hessian(loc, L1.v, L2.v, Oi), v)
+        d_pop = d_pop - u @ _implicit(loc, L1, Change(dR0, None, None))
+        gamma = gamma + _omega_implicit(Oi, eta, u)
+    return d_pop, gamma
+
+
+def _population_prediction(s, loc):
+    """``(VarianceTerms at f(0), df(0)/dpsi)``; FOCE needs the sensitivities at eta = 0
+    only where the variance moves with f."""
+    if s.method == "fo":
+        return _variances(s, loc.f), loc.df
+    vt0 = _variances(s, s.f0)
+    if not np.any(vt0.R1):
+        return vt0, np.zeros_like(loc.df)
+    return vt0, Local(s, np.zeros_like(loc.eta), second=False).df

@@ -16,8 +16,9 @@ convention, no ``m log 2 pi``; Wang, J. Pharmacokinet. Pharmacodyn. 34, 2007):
 
 - ``"focei"``: Laplace's approximation with that Hessian:
   ``O(eta_hat) + log|Omega| + log|H|``;
-- ``"laplace"``: with the objective's own Hessian, by central differences of
-  its exact gradient: ``O(eta_hat) + log|Omega| + log|Hess O / 2|``;
+- ``"laplace"``: with the objective's own Hessian ``K`` (from the
+  predictions' second derivatives in eta, `derivatives.hessian`):
+  ``O(eta_hat) + log|Omega| + log|K / 2|``;
 - ``"foce"``: no interaction: the model linearised in eta at ``eta_hat``
   with the variances at the population prediction ``f(0)``; ``y`` is then
   Gaussian with mean ``f(eta_hat) - G eta_hat`` and covariance
@@ -29,8 +30,9 @@ For additive errors FOCE and FOCE-I are the same objective.
 
 import numpy as np
 
+from .derivatives import Local, hessian, residual_jets, variance_terms
+
 METHODS = ("fo", "foce", "focei", "laplace")
-_FD_ETA = 1e-4  # central-difference step on eta (log-scale parameters) for "laplace"
 
 
 class Subject:
@@ -44,10 +46,11 @@ class Subject:
         self.omega = omega
         self.omega_inv = np.linalg.inv(omega)
         self.method = method
-        self.R0 = None
+        self.f0 = self.R0 = None
         if method in ("fo", "foce"):
-            f0, _ = self._predict(np.zeros(omega.shape[0]), sens=False)
-            self.R0 = self._variance(f0)[0]
+            self.f0, _ = self._predict(np.zeros(omega.shape[0]), sens=False)
+            self.R0 = self._variance(self.f0)[0]
+        self._local = None
 
     def _predict(self, eta, sens=True):
         ind = self.sf.individual
@@ -123,26 +126,25 @@ class Subject:
             return np.inf, eta
         return value + logdet_omega + logdet_h, eta
 
+    def local(self, eta):
+        """The predictions' derivatives at ``eta`` (`derivatives.Local`), kept for the
+        last ``eta`` asked (the objective's Hessian and the gradient share them)."""
+        if self._local is None or not np.array_equal(self._local.eta, eta):
+            self._local = Local(self, np.array(eta, dtype=float))
+        return self._local
+
     def hessian(self, eta):
-        """The Hessian of O at ``eta`` by central differences of its exact gradient."""
-        k = eta.shape[0]
-        Hs = np.empty((k, k))
-        for i in range(k):
-            d = np.zeros(k)
-            d[i] = _FD_ETA
-            Hs[:, i] = (self.evaluate(eta + d)[1] - self.evaluate(eta - d)[1]) / (2 * _FD_ETA)
-        return 0.5 * (Hs + Hs.T)
+        """The exact Hessian of O at ``eta`` (`derivatives.hessian`)."""
+        loc = self.local(eta)
+        R, R1, R2 = variance_terms(self.errors, self.sd, self.sf.err_index, loc.f)[:3]
+        _, L1, L2, _ = residual_jets(self.sf.y, loc.f, R, R1, R2)
+        return hessian(loc, L1.v, L2.v, self.omega_inv)
 
 
 def variances(errors, sds, err_index, f):
     """``(R, dR/df)`` of predictions ``f``, observation ``j`` following error model
     ``errors[err_index[j]]`` with standard deviations ``sds[err_index[j]]``."""
-    R, dR = np.empty_like(f), np.empty_like(f)
-    for e, (model, sd) in enumerate(zip(errors, sds)):
-        sel = err_index == e
-        if sel.any():
-            R[sel], dR[sel] = model.variance(f[sel], sd)
-    return R, dR
+    return tuple(variance_terms(errors, sds, err_index, f)[:2])
 
 
 def _linearised(y, mean, G, omega, R):

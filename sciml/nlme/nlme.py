@@ -6,7 +6,8 @@ vector: the thetas as given, each omega block as its Cholesky factor (log
 diagonal, then the entries below it) and the log of each residual standard
 deviation. The objective is the sum of the subjects' contributions
 (`likelihood`); each subject's empirical Bayes estimate is warm-started from
-the last one found.
+the last one found. The outer optimiser (BFGS) follows the objective's exact
+gradient (`gradient`), for every method.
 """
 
 import math
@@ -17,15 +18,13 @@ from scipy import optimize
 from sciml.solvers.erk import Tsit5
 
 from .errors import ErrorModel
-from .gradient import focei_gradient
+from .gradient import gradient
 from .individual import Individual
 from .likelihood import METHODS, Subject
 from .predict import SubjectFit
 from .results import NLMEFit
 
 __all__ = ["NLME"]
-
-_FD_X = 1e-4  # central-difference step of the outer gradient (unconstrained parameters)
 
 
 def _omega_blocks(omega):
@@ -194,53 +193,46 @@ class NLME:
         return [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
                            max_steps) for s in subjects]
 
-    def _objective(self, fits, x, method, etas, ebe_tol=None):
+    def _subjects(self, fits, x, method, ebe_tol=None):
+        """Each subject's objective (`likelihood.Subject`) at the parameters ``x``."""
         theta, blocks, sigma = self.unpack(x)
         omega = self._omega_matrix(blocks)
         sds = self._sd_per_error(sigma)
-        total = 0.0
-        new = []
-        for sf, eta0 in zip(fits, etas):
-            value, eta = Subject(sf, self.errors, theta, omega, sds, method,
-                                 ebe_tol or self.ebe_tol, self.weights(x),
-                                 self.weight_index).objective(eta0)
+        for sf in fits:
+            yield Subject(sf, self.errors, theta, omega, sds, method, ebe_tol or self.ebe_tol,
+                          self.weights(x), self.weight_index)
+
+    def _objective(self, fits, x, method, etas, ebe_tol=None):
+        total, new = 0.0, []
+        for subj, eta0 in zip(self._subjects(fits, x, method, ebe_tol), etas):
+            value, eta = subj.objective(eta0)
             total += value
             new.append(eta)
         return total, new
 
-    def _objective_and_gradient(self, fits, x, etas):
-        """FOCE-I: ``(objective, etas, (dOFV/dtheta, Gamma, dOFV/dsigma))`` with
-        ``dOFV = tr(Gamma dOmega)`` (`gradient.focei_gradient`, summed over subjects)."""
-        theta, blocks, sigma = self.unpack(x)
-        omega = self._omega_matrix(blocks)
-        sds = self._sd_per_error(sigma)
-        total, new = 0.0, []
-        d_theta = np.zeros(theta.shape[0])
-        gamma = np.zeros_like(omega)
-        d_sigma = np.zeros(sigma.shape[0])
-        d_w = np.zeros(self.w0.shape[0])
-        w = self.weights(x)
-        for sf, eta0 in zip(fits, etas):
-            subj = Subject(sf, self.errors, theta, omega, sds, "focei", self.ebe_tol, w,
-                           self.weight_index)
+    def _objective_and_gradient(self, fits, x, etas, method):
+        """``(objective, etas, (dOFV/dpsi, Gamma))``: the exact gradient of ``method``
+        (`gradient.gradient`, summed over subjects) in the thetas, residual sds and
+        estimated weights (in that order), and ``dOFV = tr(Gamma dOmega)``; no parts
+        (None) where the objective is not finite."""
+        total, new, d_pop, gamma = 0.0, [], 0.0, 0.0
+        for subj, eta0 in zip(self._subjects(fits, x, method), etas):
             value, eta = subj.objective(eta0)
-            total += value
-            new.append(eta)
             if not np.isfinite(value):
                 return np.inf, etas, None
-            dt, g, ds, dw = focei_gradient(subj, eta)
-            d_theta += dt
-            gamma += g
-            d_sigma += np.concatenate(ds)
-            d_w += dw
-        return total, new, (d_theta, gamma, d_sigma, d_w)
+            total += value
+            new.append(eta)
+            dp, g = gradient(subj, eta)
+            d_pop, gamma = d_pop + dp, gamma + g
+        return total, new, (d_pop, gamma)
 
     def gradient_x(self, x, parts):
         """The gradient in the unconstrained vector ``x`` from `_objective_and_gradient`'s
         parts (chain rule through the Cholesky factors and the log sds)."""
-        d_theta, gamma, d_sigma, d_w = parts
+        d_pop, gamma = parts
         _, blocks, sigma = self.unpack(x)
-        out = [d_theta]
+        nt, ns = len(self.theta_names), sigma.shape[0]
+        out = [d_pop[:nt]]
         o = 0
         for (names, _), om in zip(self.blocks, blocks):
             b = len(names)
@@ -249,8 +241,8 @@ class NLME:
             out.append(np.diag(dL) * np.diag(L))
             out.append(dL[np.tril_indices(b, -1)])
             o += b
-        out.append(d_sigma * sigma)
-        out.append(d_w)
+        out.append(d_pop[nt:nt + ns] * sigma)
+        out.append(d_pop[nt + ns:])
         return np.concatenate(out)
 
     def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei",
@@ -340,9 +332,10 @@ class NLME:
             Theta, sigma and estimated network names (e.g. ``"tka"``, ``"cp.sd"``,
             ``"U"``) kept at their values.
         max_iter : int
-            Iterations of the outer optimiser (BFGS).
+            Iterations of the outer optimiser (BFGS on the method's exact gradient).
         covariance : bool
-            Run the covariance step (standard errors from the objective's Hessian).
+            Run the covariance step (standard errors from the objective's Hessian, central
+            differences of its gradient).
         **solve
             ``solver``, ``rtol``, ``atol``, ``max_steps`` of the subjects' solves.
 
@@ -363,39 +356,17 @@ class NLME:
             x[free] = z
             return x
 
-        def fun(z):
-            value, new = self._objective(fits, full(z), method, state["etas"])
-            state["n_eval"] += 1
-            if np.isfinite(value):
-                state["etas"] = new
-            return value
-
-        def grad(z):
-            g = np.empty(z.shape[0])
-            for i in range(z.shape[0]):
-                d = np.zeros(z.shape[0])
-                d[i] = _FD_X
-                hi = self._objective(fits, full(z + d), method, state["etas"])[0]
-                lo = self._objective(fits, full(z - d), method, state["etas"])[0]
-                g[i] = (hi - lo) / (2 * _FD_X)
-            state["n_eval"] += 2 * z.shape[0]
-            return g
-
         def fun_and_grad(z):
             x = full(z)
-            value, new, parts = self._objective_and_gradient(fits, x, state["etas"])
+            value, new, parts = self._objective_and_gradient(fits, x, state["etas"], method)
             state["n_eval"] += 1
             if not np.isfinite(value):
                 return np.inf, np.zeros_like(z)
             state["etas"] = new
             return value, self.gradient_x(x, parts)[free]
 
-        options = {"maxiter": max_iter, "gtol": 1e-4}
-        if method == "focei":
-            res = optimize.minimize(fun_and_grad, x0[free], jac=True, method="BFGS",
-                                    options=options)
-        else:  # central differences of the objective
-            res = optimize.minimize(fun, x0[free], jac=grad, method="BFGS", options=options)
+        res = optimize.minimize(fun_and_grad, x0[free], jac=True, method="BFGS",
+                                options={"maxiter": max_iter, "gtol": 1e-4})
         x = full(res.x)
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)

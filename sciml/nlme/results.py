@@ -26,8 +26,9 @@ class NLMEFit:
     se : dict
         Standard errors by name (thetas, ``"omega.<eta>"`` variances,
         ``"omega.<eta1>,<eta2>"`` covariances, sigmas), from the inverse of half the
-        objective's Hessian in these parameters (central differences); empty without
-        the covariance step, NaN where the Hessian is not positive definite.
+        objective's Hessian in these parameters (central differences of its exact
+        gradient); empty without the covariance step, NaN where the Hessian is not
+        positive definite.
     aic, bic : float
     n_obs, n_estimated : int
         Observations, and parameters estimated (thetas, omega entries, sigmas, weights).
@@ -114,23 +115,22 @@ class NLMEFit:
         return names, vals, to_x
 
     def _natural_gradient(self, parts):
-        """The FOCE-I gradient in `_natural`'s parameters (an omega covariance moves two
-        symmetric entries)."""
-        d_theta, gamma, d_sigma, d_w = parts
-        out, o = [d_theta], 0
+        """The gradient in `_natural`'s parameters (an omega covariance moves two symmetric
+        entries)."""
+        d_pop, gamma = parts
+        nt = len(self.pop.theta_names)
+        out, o = [d_pop[:nt]], 0
         for enames, _ in self.pop.blocks:
             for i in range(len(enames)):
                 for j in range(i + 1):
                     out.append([gamma[o + i, o + j] * (1.0 if i == j else 2.0)])
             o += len(enames)
-        out.append(d_sigma)
-        out.append(d_w)
+        out.append(d_pop[nt:])
         return np.concatenate([np.atleast_1d(np.asarray(v, dtype=float)) for v in out])
 
     def _standard_errors(self):
         """The covariance step: ``2 Hess^-1`` of the objective in `_natural`'s parameters,
-        the Hessian by central differences of the exact gradient (FOCE-I) or second
-        differences of the objective (the other methods)."""
+        the Hessian by central differences of the method's exact gradient."""
         pop, fits = self.pop, self._fits
         names, v0, to_x = self._natural()
         free = self._free
@@ -138,31 +138,17 @@ class NLMEFit:
         n = len(free)
         h = 1e-3 * np.maximum(np.abs(v0[free]), 0.1)
         H = np.full((n, n), np.nan)
+
+        def grad(v):
+            parts = pop._objective_and_gradient(fits, to_x(v), etas, self.method)[2]
+            return self._natural_gradient(parts)[free]
+
         try:
-            if self.method == "focei":
-                def grad(v):
-                    parts = pop._objective_and_gradient(fits, to_x(v), etas)[2]
-                    return self._natural_gradient(parts)[free]
-
-                for a in range(n):
-                    e = np.zeros_like(v0)
-                    e[free[a]] = h[a]
-                    H[:, a] = (grad(v0 + e) - grad(v0 - e)) / (2 * h[a])
-                H = 0.5 * (H + H.T)
-            else:
-                def f(v):  # EBEs converged further: second differences amplify their error
-                    return pop._objective(fits, to_x(v), self.method, etas, 1e-20)[0]
-
-                f0 = f(v0)
-                for a in range(n):
-                    ea = np.zeros_like(v0)
-                    ea[free[a]] = h[a]
-                    H[a, a] = (f(v0 + ea) - 2 * f0 + f(v0 - ea)) / h[a] ** 2
-                    for b in range(a):
-                        eb = np.zeros_like(v0)
-                        eb[free[b]] = h[b]
-                        H[a, b] = H[b, a] = (f(v0 + ea + eb) - f(v0 + ea - eb) - f(v0 - ea + eb)
-                                             + f(v0 - ea - eb)) / (4 * h[a] * h[b])
+            for a in range(n):
+                e = np.zeros_like(v0)
+                e[free[a]] = h[a]
+                H[:, a] = (grad(v0 + e) - grad(v0 - e)) / (2 * h[a])
+            H = 0.5 * (H + H.T)
         except (np.linalg.LinAlgError, TypeError):  # a step left the positive-definite cone
             pass
         self.hessian = H

@@ -173,22 +173,26 @@ def test_theo_sd_focei_reproduces_nlmixr2():
     assert fit.sigma["cp.sd"] == pytest.approx(0.694, abs=0.01)
 
 
-# ---------------------------------------------------------------- the FOCE-I gradient
+# ---------------------------------------------------------------- the exact gradients
 
 
-def _check_gradient(pop, subjects, x, directions=None, rel=1e-5):
-    """The FOCE-I gradient against central differences of the objective, along each
-    coordinate (default) or along the rows of ``directions``."""
+def _check_gradient(pop, subjects, x, method, directions=None, rel=1e-5):
+    """The exact gradient of ``method`` against central differences of its objective, along
+    each coordinate (default) or along the rows of ``directions``. Laplace's objective holds
+    a Hessian from central differences of the sensitivities: differencing it again takes a
+    larger step (1e-4) to stay above the nested differences' rounding (about 1e-9 of the
+    objective)."""
     fits = pop.prepare(subjects, rtol=1e-11, atol=1e-12)
     etas = [np.zeros(len(pop.eta_names))] * len(fits)
-    value, etas, parts = pop._objective_and_gradient(fits, x, etas)
+    value, etas, parts = pop._objective_and_gradient(fits, x, etas, method)
     g = pop.gradient_x(x, parts)
     D = np.eye(x.shape[0]) if directions is None else directions
+    h = 1e-4 if method == "laplace" else 1e-5
     fd = np.empty(D.shape[0])
-    for i, d in enumerate(D * 1e-5):
-        hi = pop._objective(fits, x + d, "focei", etas)[0]
-        lo = pop._objective(fits, x - d, "focei", etas)[0]
-        fd[i] = (hi - lo) / 2e-5
+    for i, d in enumerate(D * h):
+        hi = pop._objective(fits, x + d, method, etas)[0]
+        lo = pop._objective(fits, x - d, method, etas)[0]
+        fd[i] = (hi - lo) / (2 * h)
     np.testing.assert_allclose(D @ g, fd, rtol=rel, atol=rel * np.max(np.abs(fd)))
 
 
@@ -198,18 +202,21 @@ def _ude(u, p, t, nets):
 
 
 @pytest.mark.parametrize("error", [nl.Additive(0.7), nl.Combined(0.5, 0.1)])
-def test_focei_gradient_agrees_with_central_differences(error):
-    # eta enters nonlinearly, a block omega, interaction through the combined error
+@pytest.mark.parametrize("method", ["fo", "foce", "focei", "laplace"])
+def test_the_gradient_agrees_with_central_differences(method, error):
+    # eta enters nonlinearly, a block omega, interaction through the combined error (and
+    # FOCE's variances at the population prediction moving with theta)
     kw = dict(theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
               omega={"ka": 0.6, ("cl", "v"): [[0.3, 0.05], [0.05, 0.1]]},
               error={"cp": error}, ebe_tol=1e-26)
     sd = np.array(error.sd)
     pop = nl.NLME(THEO, _theo_individual, **kw)
     x = pop.pack(pop.theta0, [m for _, m in pop.blocks], sd) + 0.01
-    _check_gradient(pop, _theo_subjects()[:4], x)
+    _check_gradient(pop, _theo_subjects()[:4], x, method)
 
 
-def test_focei_gradient_with_a_network_agrees_with_central_differences():
+@pytest.mark.parametrize("method", ["fo", "foce", "focei", "laplace"])
+def test_the_gradient_with_a_network_agrees_with_central_differences(method):
     # a network in the dynamics, its weights population parameters
     from nets import Chain, Dense
 
@@ -230,12 +237,13 @@ def test_focei_gradient_with_a_network_agrees_with_central_differences():
     assert n == 3 + 4 + len(sd) + chain.n_params  # theta, omega, sigma, weights
     rng = np.random.default_rng(0)
     weights_only = np.r_[np.zeros(n - chain.n_params), rng.normal(size=chain.n_params)]
-    _check_gradient(pop, subjects[:2], x, np.vstack([rng.normal(size=(2, n)), weights_only]))
+    _check_gradient(pop, subjects[:2], x, method,
+                    np.vstack([rng.normal(size=(2, n)), weights_only]))
 
 
 def test_the_covariance_step_agrees_with_second_differences():
-    # FOCE-I's Hessian from its gradient; FOCE (the same objective for additive errors)
-    # from second differences of the objective
+    # the Hessian from FOCE-I's gradient and from FOCE's (the same objective for additive
+    # errors, another derivation), against second differences of the objective
     subjects = _line_subjects(n=8, seed=5)
     pop = nl.NLME(LINE, lambda th, eta, cov: {"a": np.exp(th.ta + eta.a), "b": th.tb + eta.b},
                   theta={"ta": 0.0, "tb": 0.2}, omega={"a": 0.2, "b": 0.05},
@@ -243,8 +251,20 @@ def test_the_covariance_step_agrees_with_second_differences():
     a = pop.fit(subjects, method="focei")
     b = pop.fit(subjects, method="foce")
     assert a.objective == pytest.approx(b.objective, abs=1e-6)
-    for name in a.se:
-        assert a.se[name] == pytest.approx(b.se[name], rel=2e-3), name
+    names, v0, to_x = b._natural()
+    fits = pop.prepare(subjects)
+
+    def f(v):  # EBEs converged further: second differences amplify their error
+        return pop._objective(fits, to_x(v), "foce", list(b.eta), 1e-20)[0]
+
+    h = 1e-3 * np.maximum(np.abs(v0), 0.1)
+    E = np.diag(h)
+    H = np.array([[f(v0 + p + q) - f(v0 + p - q) - f(v0 - p + q) + f(v0 - p - q) for q in E]
+                  for p in E]) / (4 * np.outer(h, h))
+    se = np.sqrt(np.diag(2.0 * np.linalg.inv(H)))
+    for name, ref in zip(names, se):
+        assert a.se[name] == pytest.approx(ref, rel=2e-3), name
+        assert b.se[name] == pytest.approx(ref, rel=2e-3), name
 
 
 # ---------------------------------------------------------------- bad input

@@ -1,0 +1,205 @@
+"""The pieces a subject's objective and its exact gradients are built from.
+
+- `Local`: the predictions ``f`` at one eta and their derivatives, to first
+  order (``G = df/deta`` and ``df/dpsi`` for the population directions
+  ``psi = (theta, sigma, network weights)``, from the ODE's forward
+  sensitivities) and to second order (``d2f/deta2``, ``d2f/deta dpsi``): the
+  chain rule through the individual function (exact, sympy) and the ODE's
+  second-order sensitivities ``d2f/dphi dp``, central differences of the
+  first-order ones over the k individual parameters (2 k extra solves).
+- `curvatures`: third-order terms, second differences of the sensitivities
+  along given directions of phi.
+- `variance_terms`: the residual variances ``R(f)``, ``R'``, ``R''`` and their
+  derivatives in the residual sds.
+- `residual_jets`: ``l = (y - f)**2 / R + log R`` per observation and its
+  total f-derivatives to third order, each with its partials in ``(R, R', R'')``
+  (for changes of the sds at fixed f).
+- `hessian`: the exact Hessian in eta of a subject's objective.
+- `individual_third`: the individual function's third derivatives as the
+  third-order term needs them, central differences of its exact second ones.
+
+The step of the second-order sensitivities, 3e-4 of phi, keeps their truncation
+near 1e-8 while not amplifying the solver's rounding much: Laplace's objective
+holds the Hessian made of them (at 1e-5 its rounding reached 1e-8 of the
+objective, at 3e-4 it is 3e-10).
+"""
+
+from collections import namedtuple
+
+import numpy as np
+
+_FD_PHI = 3e-4   # relative step of the central differences of the sensitivities
+_FD_CURV = 1e-3  # largest relative change of phi in the second differences (`curvatures`)
+_FD_IND = 1e-5   # step of the central differences of the individual function's 2nd derivatives
+
+VarianceTerms = namedtuple("VarianceTerms", "R R1 R2 Rs R1s R2s")
+VarianceTerms.__doc__ = """``R, R', R''`` (m,) at f and their derivatives in the residual
+sds, ``(m, n_sigma)`` (zero for the sds of other error models)."""
+
+Change = namedtuple("Change", "R R1 R2")
+Change.__doc__ = """Changes of ``R, R', R''`` (each (m, n) over n directions) at fixed f;
+None entries are no change."""
+
+
+class Jet(namedtuple("Jet", "v f R R1 R2")):
+    """A residual quantity per observation: its value ``v``, its total derivative ``f`` in
+    the prediction, and its partials in ``R``, ``R'``, ``R''`` (all (m,))."""
+
+    def change(self, df, dr=None):
+        """Its change (m, n) for changes ``df`` (m, n; None: none) of f and ``dr`` (a
+        `Change`)."""
+        out = 0.0 if df is None else self.f[:, None] * df
+        if dr is not None:
+            for part, d in zip((self.R, self.R1, self.R2), dr):
+                if d is not None:
+                    out = out + part[:, None] * d
+        return out
+
+    def scaled(self, c):
+        return Jet(*(c * a for a in self))
+
+
+def residual_jets(y, f, R, R1, R2):
+    """``(L0, L1, L2, w)``: `Jet` s of ``l = (y - f)**2 / R + log R`` with ``R = R(f)``
+    (``L1``, ``L2`` its f-derivatives; pass ``R1 = R2 = 0`` for R held fixed) and of
+    FOCE-I's weight ``w = 1/R + R'**2 / (2 R**2)``. With ``e = y - f`` and the partials
+    ``l_R = 1/R - e**2/R**2``, ``l_f = -2 e/R``, ``l_ff = 2/R``, ``l_fR = 2 e/R**2``, ...:
+    ``L1 = l_f + l_R R'``, ``L2 = l_ff + 2 l_fR R' + l_RR R'**2 + l_R R''`` and
+    ``L3 = dL2/df`` (``R''' = 0``)."""
+    e, inv = y - f, 1.0 / R
+    ee = e * e
+    lR = inv - ee * inv ** 2
+    lf, lff = -2.0 * e * inv, 2.0 * inv
+    lfR, lRR = 2.0 * e * inv ** 2, -inv ** 2 + 2.0 * ee * inv ** 3
+    lffR, lfRR, lRRR = -2.0 * inv ** 2, -4.0 * e * inv ** 3, 2.0 * inv ** 3 - 6.0 * ee * inv ** 4
+    L1 = lf + lR * R1
+    L2 = lff + 2.0 * lfR * R1 + lRR * R1 * R1 + lR * R2
+    L3 = (3.0 * lffR * R1 + 3.0 * lfRR * R1 * R1 + lRRR * R1 ** 3 + 3.0 * lfR * R2
+          + 3.0 * lRR * R1 * R2)
+    z = np.zeros_like(f)
+    w = inv + 0.5 * R1 * R1 * inv ** 2
+    wR, wR1 = -inv ** 2 - R1 * R1 * inv ** 3, R1 * inv ** 2
+    return (Jet(ee * inv + np.log(R), L1, lR, z, z),
+            Jet(L1, L2, lfR + lRR * R1, lR, z),
+            Jet(L2, L3, lffR + 2.0 * lfRR * R1 + lRRR * R1 * R1 + lRR * R2,
+                2.0 * lfR + 2.0 * lRR * R1, lR),
+            Jet(w, wR * R1 + wR1 * R2, wR, wR1, z))
+
+
+def variance_terms(errors, sds, err_index, f):
+    """`VarianceTerms` of predictions ``f``, observation ``j`` following error model
+    ``errors[err_index[j]]`` with standard deviations ``sds[err_index[j]]``."""
+    m, n_sigma = f.shape[0], sum(len(sd) for sd in sds)
+    out = VarianceTerms(*[np.empty(m) for _ in range(3)],
+                        *[np.zeros((m, n_sigma)) for _ in range(3)])
+    o = 0
+    for q, (model, sd) in enumerate(zip(errors, sds)):
+        sel = err_index == q
+        if sel.any():
+            parts = model.terms(f[sel], sd)
+            for dst, src in zip(out[:3], parts[:3]):
+                dst[sel] = src
+            for dst, src in zip(out[3:], parts[3:]):
+                dst[sel, o:o + len(sd)] = src.T
+        o += len(sd)
+    return out
+
+
+def _sensitivities(s, phi):
+    """``df/dp`` (m, n_params) in every model parameter at individual parameters ``phi``."""
+    return s.sf.predict(phi, True, s.weights, s.weight_index, full=True)[1]
+
+
+def _second_order(s, phi):
+    """``d2f/dphi dp`` (m, k, n_params): central differences over the k individual
+    parameters of the sensitivities to every model parameter."""
+    out = []
+    for ell in range(phi.shape[0]):
+        d = np.zeros_like(phi)
+        d[ell] = _FD_PHI * max(abs(phi[ell]), 1e-3)
+        out.append((_sensitivities(s, phi + d) - _sensitivities(s, phi - d)) / (2 * d[ell]))
+    return np.stack(out, axis=1)
+
+
+class Local:
+    """A subject's predictions at one ``eta`` and their derivatives.
+
+    First order: ``f`` (m,), ``Fp = df/dp`` (m, n_params), ``F = df/dphi`` (m, k),
+    ``G = df/deta`` (m, n_eta), ``df`` (m, n_pop): ``df/dpsi`` in the population
+    directions (thetas, residual sds, estimated weights; zero for the sds); the
+    individual function's ``phi``, ``pe = dphi/deta``, ``pt = dphi/dtheta``. With
+    ``second``: ``F2p = d2f/dphi dp`` (m, k, n_params), ``F2`` its symmetric phi block,
+    ``pee``, ``pet`` (``d2phi/deta2``, ``d2phi/deta dtheta``), ``Gee = d2f/deta2``
+    (m, n_eta, n_eta) and ``dG = dG/dpsi`` (m, n_eta, n_pop).
+    """
+
+    def __init__(self, s, eta, second=True):
+        ind, sf = s.sf.individual, s.sf
+        self.eta = eta
+        self.phi, self.pe, self.pt = ind.derivatives(s.theta, eta, sf.cov)
+        self.f, self.Fp = sf.predict(self.phi, True, s.weights, s.weight_index, full=True)
+        self.wi = s.weight_index if s.weights is not None else np.zeros(0, dtype=np.int64)
+        self.n_sigma = sum(len(sd) for sd in s.sd)
+        self.F = self.Fp[:, ind.index]
+        self.G = self.F @ self.pe
+        self.df = self.population(self.F @ self.pt, self.Fp[:, self.wi])
+        if not second:
+            return
+        self.pee, self.pet = ind.second_derivatives(s.theta, eta, sf.cov)
+        self.F2p = _second_order(s, self.phi)
+        F2 = self.F2p[:, :, ind.index]
+        self.F2 = F2 = 0.5 * (F2 + F2.transpose(0, 2, 1))
+        pe = self.pe
+        self.Gee = np.einsum("jkl,ka,lc->jac", F2, pe, pe) + np.einsum("jk,kac->jac", self.F,
+                                                                         self.pee)
+        Get = np.einsum("jkl,ka,lb->jab", F2, pe, self.pt) + np.einsum("jk,kab->jab", self.F,
+                                                                         self.pet)
+        Gw = np.einsum("jkw,ka->jaw", self.F2p[:, :, self.wi], pe)
+        self.dG = self.population(Get, Gw)
+
+    def population(self, theta_part, weight_part, sigma_part=None):
+        """An array over the population directions (last axis) from its theta, weight and
+        residual sd parts (the last zero unless given)."""
+        if sigma_part is None:
+            sigma_part = np.zeros(theta_part.shape[:-1] + (self.n_sigma,))
+        return np.concatenate([theta_part, sigma_part, weight_part], axis=-1)
+
+
+def hessian(loc, L1, L2, omega_inv):
+    """The exact Hessian in eta of ``O = sum_j l_j + eta^T Omega^-1 eta``:
+    ``G^T diag(l'') G + sum_j l'_j d2f_j/deta2 + 2 Omega^-1`` (``L1``, ``L2``: l', l'')."""
+    G = loc.G
+    return (G.T @ (L2[:, None] * G) + np.einsum("j,jac->ac", L1, loc.Gee) + 2.0 * omega_inv)
+
+
+def curvatures(s, loc, V):
+    """``d2/dh2 df/dp (phi + h V_c)`` (m, n_dirs, n_params) for the columns ``V_c`` of V:
+    central second differences, the largest relative change of phi `_FD_CURV`."""
+    scale = np.maximum(np.abs(loc.phi), 1e-3)
+    out = []
+    for v in V.T:
+        h = _FD_CURV / max(np.max(np.abs(v) / scale), 1e-300)
+        out.append((_sensitivities(s, loc.phi + h * v) - 2.0 * loc.Fp
+                    + _sensitivities(s, loc.phi - h * v)) / (h * h))
+    return np.stack(out, axis=1)
+
+
+def individual_third(s, loc, A):
+    """``(dN/dtheta (k, n_theta), dN/deta (k, n_eta))`` of ``N_k = sum_ac A_ac
+    d2phi_k/deta_a deta_c`` at fixed A: central differences of the individual function's
+    exact second derivatives (smooth closed forms: accurate to about 1e-10)."""
+    ind, cov = s.sf.individual, s.sf.cov
+
+    def N(theta, eta):
+        return np.einsum("kac,ac->k", ind.second_derivatives(theta, eta, cov)[0], A)
+
+    def columns(x, point):
+        out = np.zeros((loc.phi.shape[0], x.shape[0]))
+        for i in range(x.shape[0]):
+            d = np.zeros_like(x)
+            d[i] = _FD_IND * max(abs(x[i]), 1.0)
+            out[:, i] = (N(*point(x + d)) - N(*point(x - d))) / (2 * d[i])
+        return out
+
+    return (columns(s.theta, lambda th: (th, loc.eta)),
+            columns(loc.eta, lambda eta: (s.theta, eta)))
