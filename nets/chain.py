@@ -74,6 +74,10 @@ class Chain:
         # __call__'s scratch, one per Python thread: the kernels release the GIL.
         self._local = threading.local()
 
+    def __reduce__(self):
+        # Rebuilt from its layers: the kernels it holds are numba dispatchers.
+        return (Chain, (self.n_in, *self.layers))
+
     def __repr__(self):
         inner = ", ".join(
             f"Dense({l.out}" + (f", {l.activation!r}" if l.activation != "identity" else "")

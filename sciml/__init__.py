@@ -11,6 +11,7 @@ from .fit import LBFGS, FitResult, FitWarning, fit
 from .gradient import loss_and_grad, loss_value
 from .losses import SSE, GaussianNLL
 from .model import Model, ModelError, NeuralODE
+from .multistart import MultistartResult, StartFit, fit_multistart
 from .population import Population
 from .problem import Bolus, Infusion, ODEProblem
 from .solution import Solution, SolveWarning
@@ -26,4 +27,5 @@ __all__ = [
     "ModelError", "ExplicitRK", "ButcherTableau", "Data", "SSE", "GaussianNLL",
     "loss_and_grad", "loss_value", "Population",
     "fit", "FitResult", "FitWarning", "LBFGS",
+    "fit_multistart", "MultistartResult", "StartFit",
 ]

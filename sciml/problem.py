@@ -265,6 +265,13 @@ class ODEProblem:
                           self.doses if doses is None else doses,
                           self.tstops if tstops is None else tstops)
 
+    def __reduce__(self):
+        # Rebuilt through __init__: the initial-value kernels are traced and compiled
+        # again in the new process (their kernel table holds this process's addresses).
+        u0 = self._u0_fn if self._u0_fn is not None else self._u0
+        return (ODEProblem, (self.model, u0, self.tspan, self.params, self.doses,
+                             self.tstops))
+
     def __repr__(self):
         u0 = "u0=<function>" if self._u0_fn is not None else f"u0={self._u0.tolist()}"
         return (f"ODEProblem({type(self.model).__name__}, {u0}, "

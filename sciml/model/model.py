@@ -359,6 +359,18 @@ class Model:
         """A zeroed scratch vector for the kernels (one per thread)."""
         return np.zeros(max(self._ws_size, 1), dtype=dtype)
 
+    def __reduce__(self):
+        # Pickled by its traced form (sympy expressions), its networks and its names,
+        # never by compiled code: the kernel table holds this process's addresses. The
+        # copy rebuilds its kernels on first need (LLVM, milliseconds), and the engine's
+        # loops load from numba's disk cache; the user's function is not needed.
+        if self._trace is None:
+            raise TypeError(f"{self!r} was made from hand-written numba kernels "
+                            "(Model.from_kernels) and cannot be pickled: build it in each "
+                            "process (e.g. in a function the worker imports)")
+        return (_rebuild_model, (type(self), self._name, self._states, self._params,
+                                 self._nets, self._obs_names, self._trace, self._obs_trace))
+
     def __repr__(self):
         nets = "".join(f", {k}={c!r}" for k, c in self._nets.items())
         return (f"{type(self).__name__}({self._name!r}, states={list(self._states)}, "
@@ -474,6 +486,19 @@ class Model:
         y = np.empty(self.n_obs)
         self._call("obs", (y, u, p), t)
         return y
+
+
+def _rebuild_model(cls, name, states, params, nets, obs_names, trace, obs_trace):
+    """A `Model` (or subclass) from what `Model.__reduce__` keeps: no tracing, no compiling."""
+    self = cls.__new__(cls)
+    specs, n_params = Model._net_specs(nets, len(params))
+    sets = {"f": KernelSet(trace, specs, n_params)}
+    if obs_trace is not None:
+        sets["g"] = KernelSet(obs_trace, specs, n_params)
+    asm = Assembly(sets, 0, sets["f"].gen.autonomous)
+    self._finish(name, states, params, nets, tuple(obs_names), n_params, asm)
+    self._trace, self._obs_trace = trace, obs_trace
+    return self
 
 
 def _neural_ode(u, p, t, nets):
