@@ -45,7 +45,10 @@ How the work is shipped to worker processes
 - A worker that dies mid-task has the task rerun on another worker by the
   scheduler. Results are written by this process only, one file per start
   index, so a start that ran twice is stored once; a start whose fit raised
-  is recorded as ``status="failed"`` with the message and not retried.
+  is recorded as ``status="failed"`` with the message and not retried. A
+  start that kills every worker it runs on (Dask gives up after
+  ``distributed.scheduler.allowed-failures``, 3) is a failed start too, not
+  stored, so that a rerun tries it again.
 
 Determinism
 -----------
@@ -579,12 +582,12 @@ def fit_multistart(prob_or_list, data_or_list, starts=64, seed=0, client=None, r
     bar = _bar(progress, X.shape[0], done)
     lock = threading.Lock()
 
-    def finished(rec):
+    def finished(rec, save=True):
         with lock:
             if rec.index in done:  # a rerun of a start (a worker died after it finished)
                 return
             done[rec.index] = rec
-            if store is not None:
+            if store is not None and save:
                 store.save(rec)
             if bar is not None:
                 best = min(r.objective for r in done.values())
@@ -685,9 +688,21 @@ def _run_dask(client, setup, X, todo, n, finished):
         futures = [client.submit(_run_start, shared, k, X[k].copy(),
                                  key=f"sciml-multistart-{token}-{k}", pure=False)
                    for k in todo]
+        index = {fut.key: k for fut, k in zip(futures, todo)}
         try:
             for fut in distributed.as_completed(futures, loop=client.loop):
-                finished(fut.result())
+                try:
+                    rec = fut.result()
+                except distributed.KilledWorker as e:
+                    # The start took down every worker it ran on (Dask's allowed-failures):
+                    # a failed start, not the run's end; not stored, so a rerun retries it.
+                    k = index[fut.key]
+                    rec = StartFit(k, X[k].copy(), X[k].copy(), math.inf, 0.0, math.inf,
+                                   np.zeros(0), 0, 0, "error", "failed",
+                                   f"KilledWorker: {e}", math.nan)
+                    finished(rec, save=False)
+                    continue
+                finished(rec)
         except BaseException:
             client.cancel(futures)
             raise
