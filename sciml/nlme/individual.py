@@ -6,11 +6,22 @@
 its expressions and their exact derivatives over theta and eta become one
 numpy function (sympy ``lambdify``). Model parameters it does not return
 keep the subject's values.
+
+``individual(theta, eta, cov, nets)`` may also call networks of its own:
+``nets.F([cov.WT / 70, eta.cl])`` returns the chain's outputs as expressions,
+the chain written out layer by layer (``act(W x + b)``) with one symbol per
+weight. The weights are thetas to the rest of the package (they follow the
+named thetas in the theta vector), so their derivatives, the exact gradients
+and the fit need nothing of their own. Meant for the small networks such
+functions hold: the expressions grow with the weights.
 """
 
 import numpy as np
 import sympy
+from scipy.special import expit as _expit
 
+from nets.activations import FORMULAS
+from sciml.model.netcode import Act
 from sciml.model.trace import ModelError, Sym
 
 __all__ = ["Individual"]
@@ -43,6 +54,57 @@ class _Names:
         raise ValueError(f"NLME: `individual` cannot set {self._kind}.{name}")
 
 
+class _Nets:
+    """``nets.NAME(inputs)`` inside the traced function: the chain's outputs as expressions of
+    its inputs and of one symbol per weight (``weights[NAME]``)."""
+
+    def __init__(self, chains):
+        self._chains = chains
+        self.weights = {n: [sympy.Symbol(f"w_{n}_{i}", real=True) for i in range(c.n_params)]
+                        for n, c in chains.items()}
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name not in self._chains:
+            raise ValueError(f"NLME: `individual` calls network {name!r}, which is not in "
+                             f"`nets`; its networks: {', '.join(self._chains) or '(none)'}")
+        chain, w = self._chains[name], self.weights[name]
+
+        def call(inputs):
+            x = [_expr(v, f"an input of network {name!r}") for v in _inputs(inputs, name)]
+            if len(x) != chain.n_in:
+                raise ValueError(f"NLME: network {name!r} takes {chain.n_in} inputs, "
+                                 f"`individual` gave {len(x)}")
+            for (nin, nout, code, woff, boff) in chain.meta.tolist():
+                act = Act(code)
+                if act.name not in FORMULAS:
+                    raise ModelError(f"NLME: network {name!r} uses the registered activation "
+                                     f"{act.name!r}; networks in `individual` need a builtin "
+                                     "activation")
+                x = [act.value(sum((w[woff + o * nin + i] * x[i] for i in range(nin)),
+                                   w[boff + o] if boff >= 0 else sympy.Integer(0)))
+                     for o in range(nout)]
+            return [Sym(v) for v in x]
+
+        return call
+
+
+def _inputs(inputs, name):
+    if isinstance(inputs, (Sym, int, float)):
+        return [inputs]
+    try:
+        return list(inputs)
+    except TypeError:
+        raise TypeError(f"NLME: network {name!r} takes a list of inputs, got "
+                        f"{type(inputs).__name__}") from None
+
+
+def _diff(e, s):
+    """de/ds, with the Dirac deltas of kinks (abs, max in activations) taken as zero."""
+    d = sympy.diff(e, s)
+    return d.replace(sympy.DiracDelta, lambda *a: sympy.Integer(0)) if d.has(sympy.DiracDelta) \
+        else d
+
+
 def _expr(value, where):
     if isinstance(value, Sym):
         return value.expr
@@ -65,7 +127,7 @@ class Individual:
         The covariates it reads (``cov.NAME``).
     """
 
-    def __init__(self, fn, model, theta_names, eta_names):
+    def __init__(self, fn, model, theta_names, eta_names, nets=None):
         if not callable(fn):
             raise TypeError(f"NLME: `individual` must be a function individual(theta, eta, "
                             f"cov) returning {{model parameter: expression}}, got {fn!r}")
@@ -75,7 +137,11 @@ class Individual:
         proxies = (_Names("theta", th, tuple(theta_names), "which is not in `theta`"),
                    _Names("eta", et, tuple(eta_names), "which has no entry in `omega`"),
                    _Names("covariate", cv, None, ""))
-        out = fn(*proxies)
+        net_proxy = _Nets(dict(nets or {}))
+        if nets:
+            out = fn(*proxies, net_proxy)
+        else:
+            out = fn(*proxies)
         if not isinstance(out, dict) or not out:
             raise TypeError("NLME: `individual` must return a non-empty dict {model parameter: "
                             f"expression}}, got {type(out).__name__}")
@@ -88,15 +154,17 @@ class Individual:
         self.index = np.array([model.param_slices[k].start for k in out], dtype=np.int64)
         self.covariates = tuple(cv)
         exprs = [_expr(v, f"parameter {k!r}") for k, v in out.items()]
-        ths, ets, cvs = list(th.values()), list(et.values()), list(cv.values())
-        d_eta = [[sympy.diff(e, s) for s in ets] for e in exprs]
-        d_theta = [[sympy.diff(e, s) for s in ths] for e in exprs]
+        ths = list(th.values()) + [w for ws in net_proxy.weights.values() for w in ws]
+        ets, cvs = list(et.values()), list(cv.values())
+        d_eta = [[_diff(e, s) for s in ets] for e in exprs]
+        d_theta = [[_diff(e, s) for s in ths] for e in exprs]
         args = [ths, ets, cvs]
-        self._values = sympy.lambdify(args, exprs, modules="numpy", cse=True)
-        self._derivs = sympy.lambdify(args, [exprs, d_eta, d_theta], modules="numpy", cse=True)
-        d2_ee = [[[sympy.diff(d, s) for s in ets] for d in row] for row in d_eta]
-        d2_et = [[[sympy.diff(d, s) for s in ths] for d in row] for row in d_eta]
-        self._second = sympy.lambdify(args, [d2_ee, d2_et], modules="numpy", cse=True)
+        modules = [{"sigmoid": _expit}, "numpy"]
+        self._values = sympy.lambdify(args, exprs, modules=modules, cse=True)
+        self._derivs = sympy.lambdify(args, [exprs, d_eta, d_theta], modules=modules, cse=True)
+        d2_ee = [[[_diff(d, s) for s in ets] for d in row] for row in d_eta]
+        d2_et = [[[_diff(d, s) for s in ths] for d in row] for row in d_eta]
+        self._second = sympy.lambdify(args, [d2_ee, d2_et], modules=modules, cse=True)
         self.n_eta, self.n_theta = len(ets), len(ths)
 
     def values(self, theta, eta, cov):

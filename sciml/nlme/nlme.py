@@ -78,10 +78,12 @@ class NLME:
         Observable (or state) -> residual error model (`Additive`, `Proportional`,
         `Combined`), for every observed column.
     nets : dict, optional
-        Networks of the model whose weights are population parameters (fixed effects),
-        name -> initial flat weights (e.g. ``chain.init_params(seed=0)``); the model's
-        other networks keep each subject's weights. (Networks inside the individual
-        function are not supported yet.)
+        Networks whose weights are population parameters (fixed effects). A network of
+        the model: name -> initial flat weights (e.g. ``chain.init_params(seed=0)``; the
+        model's other networks keep each subject's weights). A network of the individual
+        function (``individual(theta, eta, cov, nets)`` calls ``nets.NAME([inputs])``):
+        name -> ``(chain, initial weights)`` or a `nets.Chain`; its weights follow the
+        thetas in the optimiser's vector (see `individual`).
     ebe_tol : float
         The empirical Bayes estimates stop when a step would lower a subject's objective
         by less than this (the objective is then exact to about ``sqrt(ebe_tol)`` times
@@ -120,8 +122,25 @@ class NLME:
         self.errors = tuple(error.values())
         self.sigma_names = tuple(f"{o}.{n}" for o, e in error.items() for n in e.names)
         self.sigma0 = np.array([v for e in self.errors for v in e.sd])
-        self.individual = Individual(individual, model, self.theta_names, self.eta_names)
-        self.net_names, self.w0, self.weight_index = _nets(model, nets or {})
+        if not isinstance(nets or {}, dict):
+            raise TypeError(f"NLME: `nets` must be a dict {{network: initial weights}}, got "
+                            f"{type(nets).__name__}")
+        nets = dict(nets or {})
+        own = {k: nets.pop(k) for k in list(nets) if k not in model.nets}
+        chains, self.own_nets, w_own = {}, {}, []
+        for name, value in own.items():
+            chain, w = _own_net(name, value, model)
+            chains[name] = chain
+            o = len(self.theta0) + sum(len(v) for v in w_own)
+            self.own_nets[name] = slice(o, o + chain.n_params)
+            w_own.append(w)
+        # the weights of the individual function's networks are thetas to the rest
+        self.theta0 = np.concatenate([self.theta0] + w_own)
+        self.theta_labels = self.theta_names + tuple(
+            f"{n}[{i}]" for n, c in chains.items() for i in range(c.n_params))
+        self.individual = Individual(individual, model, self.theta_names, self.eta_names,
+                                     chains)
+        self.net_names, self.w0, self.weight_index = _nets(model, nets)
         self.ebe_tol = _number(ebe_tol, "ebe_tol")
 
     # ---------------------------------------------------------------- parameters
@@ -150,7 +169,7 @@ class NLME:
 
     def unpack(self, x):
         """``(theta, omega blocks, sigma)`` of an unconstrained vector."""
-        nt = len(self.theta_names)
+        nt = self.theta0.shape[0]
         theta, o = x[:nt], nt
         blocks = []
         for names, _ in self.blocks:
@@ -231,7 +250,7 @@ class NLME:
         parts (chain rule through the Cholesky factors and the log sds)."""
         d_pop, gamma = parts
         _, blocks, sigma = self.unpack(x)
-        nt, ns = len(self.theta_names), sigma.shape[0]
+        nt, ns = self.theta0.shape[0], sigma.shape[0]
         out = [d_pop[:nt]]
         o = 0
         for (names, _), om in zip(self.blocks, blocks):
@@ -257,10 +276,12 @@ class NLME:
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)
-        x = self.pack(self._vector(theta, self.theta_names, self.theta0, "theta"),
-                      self._blocks_of(omega),
-                      self._vector(sigma, self.sigma_names, self.sigma0, "sigma"),
-                      self._weights_vector(nets))
+        nt = len(self.theta_names)
+        th, w = self._with_nets(nets, np.concatenate([
+            self._vector(theta, self.theta_names, self.theta0[:nt], "theta"),
+            self.theta0[nt:]]))
+        x = self.pack(th, self._blocks_of(omega),
+                      self._vector(sigma, self.sigma_names, self.sigma0, "sigma"), w)
         k = len(self.eta_names)
         return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
 
@@ -278,24 +299,31 @@ class NLME:
             return np.array([values.get(n, v) for n, v in zip(names, defaults)], dtype=float)
         return np.array(values, dtype=float).reshape(len(names))
 
-    def _weights_vector(self, nets):
+    def _with_nets(self, nets, theta):
+        """``(theta, model network weights)`` with the weights given in ``nets`` by network
+        name (the individual function's networks are in ``theta``), defaults elsewhere."""
         if nets is None:
-            return None
-        unknown = set(nets) - set(self.net_names)
+            return theta, None
+        known = self.net_names + tuple(self.own_nets)
+        unknown = set(nets) - set(known)
         if unknown:
             raise ValueError(f"NLME: `nets` names {sorted(unknown)}, not estimated networks "
-                             f"({', '.join(self.net_names) or 'none'})")
-        w, o = self.w0.copy(), 0
+                             f"({', '.join(known) or 'none'})")
+        theta, w = theta.copy(), self.w0.copy()
+        places = {n: (theta, sl) for n, sl in self.own_nets.items()}
+        o = 0
         for name in self.net_names:
             n = self.model.nets[name].n_params
-            if name in nets:
-                v = np.array(nets[name], dtype=float).ravel()
-                if v.shape != (n,):
-                    raise ValueError(f"NLME: `nets[{name!r}]` must have {n} weights, got "
-                                     f"shape {np.shape(nets[name])}")
-                w[o:o + n] = v
+            places[name] = (w, slice(o, o + n))
             o += n
-        return w
+        for name, value in nets.items():
+            target, sl = places[name]
+            v = np.array(value, dtype=float).ravel()
+            if v.shape != (sl.stop - sl.start,):
+                raise ValueError(f"NLME: `nets[{name!r}]` must have {sl.stop - sl.start} "
+                                 f"weights, got shape {np.shape(value)}")
+            target[sl] = v
+        return theta, w
 
     def _blocks_of(self, omega):
         if omega is None:
@@ -373,7 +401,7 @@ class NLME:
 
     def _free(self, fixed):
         fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
-        nt = len(self.theta_names)
+        nt = self.theta0.shape[0]
         n_om = sum(len(n) * (len(n) + 1) // 2 for n, _ in self.blocks)
         ns = len(self.sigma_names)
         mask = np.ones(nt + n_om + ns + self.w0.shape[0], dtype=bool)
@@ -382,29 +410,45 @@ class NLME:
                 mask[self.theta_names.index(name)] = False
             elif name in self.sigma_names:
                 mask[nt + n_om + self.sigma_names.index(name)] = False
+            elif name in self.own_nets:
+                mask[self.own_nets[name]] = False
             elif name in self.net_names:
                 o = nt + n_om + ns
                 for other in self.net_names[:self.net_names.index(name)]:
                     o += self.model.nets[other].n_params
                 mask[o:o + self.model.nets[name].n_params] = False
             else:
-                known = self.theta_names + self.sigma_names + self.net_names
+                known = self.theta_names + self.sigma_names + self.net_names + \
+                    tuple(self.own_nets)
                 raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
                                  f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
 
 
+def _own_net(name, value, model):
+    """``(chain, initial weights)`` of a network of the individual function: ``value`` is a
+    `nets.Chain` (weights ``init_params(seed=0)``) or ``(chain, weights)``."""
+    from nets import Chain
+
+    chain, w = (value, None) if isinstance(value, Chain) else \
+        (value if isinstance(value, tuple) and len(value) == 2 else (None, None))
+    if not isinstance(chain, Chain):
+        raise ValueError(f"NLME: `nets` names {name!r}, not a network of the model "
+                         f"({', '.join(model.nets) or 'it has none'}); a network of the "
+                         "individual function is given as a nets.Chain or (chain, initial "
+                         f"weights), got {type(value).__name__}")
+    w = chain.init_params(seed=0) if w is None else np.array(w, dtype=float).ravel()
+    if w.shape != (chain.n_params,) or not np.all(np.isfinite(w)):
+        raise ValueError(f"NLME: `nets[{name!r}]` must have {chain.n_params} finite weights "
+                         f"(the chain's n_params), got shape {w.shape}")
+    return chain, w
+
+
 def _nets(model, nets):
-    """``(names, initial weights, their indices in the model's flat parameters)``."""
-    if not isinstance(nets, dict):
-        raise TypeError(f"NLME: `nets` must be a dict {{network of the model: initial "
-                        f"weights}}, got {type(nets).__name__}")
+    """``(names, initial weights, their indices in the model's flat parameters)`` of the
+    model's networks estimated as population parameters."""
     w, idx = [], []
     for name, w0 in nets.items():
-        if name not in model.nets:
-            raise ValueError(f"NLME: `nets` names {name!r}, not a network of the model "
-                             f"({', '.join(model.nets) or 'it has none'}); networks inside the "
-                             "individual function are not supported yet")
         n = model.nets[name].n_params
         v = np.array(w0, dtype=float).ravel()
         if v.shape != (n,) or not np.all(np.isfinite(v)):

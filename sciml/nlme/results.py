@@ -45,7 +45,7 @@ class NLMEFit:
         self.eta_names = pop.eta_names
         self.sigma = dict(zip(pop.sigma_names, sigma.tolist()))
         w, o = pop.weights(x), 0
-        self.nets = {}
+        self.nets = {name: theta[sl].copy() for name, sl in pop.own_nets.items()}
         for name in pop.net_names:
             n = pop.model.nets[name].n_params
             self.nets[name] = w[o:o + n].copy()
@@ -82,7 +82,7 @@ class NLMEFit:
         back to the optimiser's vector."""
         pop = self.pop
         theta, blocks, sigma = pop.unpack(self._x)
-        names, vals = list(pop.theta_names), list(theta)
+        names, vals = list(pop.theta_labels), list(theta)
         for (enames, _), m in zip(pop.blocks, blocks):
             for i in range(len(enames)):
                 for j in range(i + 1):
@@ -98,7 +98,7 @@ class NLMEFit:
             vals += list(pop.weights(self._x))
         vals = np.array(vals)
         ns = len(pop.sigma_names)
-        nt = len(pop.theta_names)
+        nt = len(pop.theta_labels)
 
         def to_x(v):
             th, o, bl = v[:nt], nt, []
@@ -118,7 +118,7 @@ class NLMEFit:
         """The gradient in `_natural`'s parameters (an omega covariance moves two symmetric
         entries)."""
         d_pop, gamma = parts
-        nt = len(self.pop.theta_names)
+        nt = len(self.pop.theta_labels)
         out, o = [d_pop[:nt]], 0
         for enames, _ in self.pop.blocks:
             for i in range(len(enames)):
