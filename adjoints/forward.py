@@ -50,19 +50,27 @@ class ForwardSensitivity(SensitivityAlgorithm):
     def forward(self, job):
         return self.prepare(job)(job.p)
 
-    def prepare(self, job):
+    def prepare(self, job, cols=None):
         """``run(p) -> State``: the augmented solve of ``job`` at parameters ``p``, with its
         system, control and tableau built once (for many solves of one problem, such as a
-        subject's empirical Bayes iterations)."""
-        n, npar = job.n, job.n_params
+        subject's empirical Bayes iterations). ``cols``: the parameters (indices) whose
+        sensitivities are integrated (default all): ``State.S`` is then (T, n, len(cols)),
+        and the cost follows len(cols), not the model's parameter count."""
+        n, n_all = job.n, job.n_params
+        cols = np.arange(n_all, dtype=np.int64) if cols is None else \
+            np.array(cols, dtype=np.int64).ravel()
+        if cols.size and (cols.min() < 0 or cols.max() >= n_all):
+            raise ValueError(f"ForwardSensitivity.prepare: `cols` must index the model's "
+                             f"{n_all} parameters, got {cols.tolist()}")
+        npar = cols.shape[0]
         p_buf = np.array(job.p, dtype=np.float64)  # the systems read it: updated in place
         fsys = common.forward_system(job.table(*self.needs(job.solver)), p_buf, job.sched, n,
                                      job.stiff)
         nz = n + n * npar
-        width = max(n, npar) + 1
-        sys = Sens(fsys.m, fsys, np.zeros((n, n)), np.zeros((n, npar)), np.zeros((n, npar)),
-                   np.zeros((4, width)), np.zeros(npar), lin(n) if job.stiff else fsys.lin,
-                   np.zeros(3))
+        width = max(n, n_all) + 1
+        sys = Sens(fsys.m, fsys, np.zeros((n, n)), np.zeros((n, n_all)), np.zeros((n, npar)),
+                   np.zeros((4, width)), np.zeros(n_all), lin(n) if job.stiff else fsys.lin,
+                   np.zeros(3), cols)
         rtol, atol = self._tols(job, nz if self.error_on_sensitivities else n)
         atol = atol.copy()
         atol[:n] = job.atol if self.atol is None else self.atol
@@ -74,7 +82,7 @@ class ForwardSensitivity(SensitivityAlgorithm):
             p_buf[:] = p
             z = np.empty(nz)
             z[:n] = job.prob.initial_state(p_buf)
-            z[n:] = _initial_sensitivities(job, p_buf).ravel()
+            z[n:] = _initial_sensitivities(job, p_buf)[:, cols].ravel()
             rec = record(nz, job.obs_t)
             status, t_end = loop(sys, tab, ctl, job.sched.stops, z, rec)
             if status != 0:

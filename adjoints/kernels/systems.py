@@ -16,7 +16,7 @@ system            state z             u(t) from
 `Interp`          [lambda, mu]        the forward solve's stored steps
 `Backsolve`       [u, lambda, mu]     z itself (re-anchored at observations)
 `Gauss`, `Quad`   lambda              stored steps; mu by quadrature on each step
-`Sens`            [u, S], forward     z itself: dS/dt = J S + df/dp
+`Sens`            [u, S], forward     z itself: dS/dt = J S + df/dp (chosen columns)
 ================  ==================  ==============================================
 
 With a Rosenbrock method each system supplies its exact Jacobian through the
@@ -120,11 +120,13 @@ class Backsolve(NamedTuple):
 
 
 class Sens(NamedTuple):
-    """z = [u, S] forward, S (n, n_params) row-major: dS/dt = J S + df/dp.
+    """z = [u, S] forward, S (n, k) row-major: the sensitivities to the k parameters
+    ``cols``, dS/dt = J S + (df/dp)[:, cols].
 
     fsys : the forward system (its rate and boluses act on u); J, Jp : (n, n),
-    (n, n_params) scratch; S0 : (n, n_params) S at a Rosenbrock step's start;
-    rows : (4, max(n, n_params)) scratch; lin : Rosenbrock buffers; at : (3,).
+    (n, n_params) scratch; S0 : (n, k) S at a Rosenbrock step's start;
+    rows : (4, max(n, n_params)) scratch; pscr : (n_params,) scratch; lin :
+    Rosenbrock buffers; at : (3,); cols : (k,) int64, the parameters followed.
     """
 
     m: Model
@@ -136,6 +138,7 @@ class Sens(NamedTuple):
     pscr: np.ndarray
     lin: Lin
     at: np.ndarray
+    cols: np.ndarray
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -448,7 +451,8 @@ register(Backsolve, f=_back_f, event=_back_event, accept=no_accept, interpolates
 
 def _sens_f(sys, out, z, t, k):
     n = sys.J.shape[0]
-    npar = sys.Jp.shape[1]
+    cols = sys.cols
+    npar = cols.shape[0]
     u = sys.rows[0][:n]
     _copy_into(u, z, n)
     du = sys.rows[1][:n]
@@ -460,7 +464,7 @@ def _sens_f(sys, out, z, t, k):
         out[i] = du[i]
         o = n + i * npar
         for j in range(npar):
-            out[o + j] = Jp[i, j]
+            out[o + j] = Jp[i, cols[j]]
         for l in range(n):
             a = J[i, l]
             if a != 0.0:
@@ -510,12 +514,12 @@ def _sens_solve(sys, r):
         for l in range(n):
             e[l] = 0.0
         e[i] = 1.0
-        for j in range(npar):
+        for j in range(p.shape[0]):
             p[j] = 0.0
         calls.hvp(sys.m, hu, p, e, v, u, sys.at[0])
         o = n + i * npar
         for j in range(npar):
-            acc = p[j]
+            acc = p[sys.cols[j]]
             for l in range(n):
                 acc += hu[l] * S0[l, j]
             r[o + j] += acc

@@ -54,7 +54,9 @@ class SubjectFit:
                        check_atol(atol, model.n_states), None, max_steps, data.t)
         self.kern = prob.kernel_table("obs", "obs_vjp") if self.kind == "observables" else None
         self.ws = model.workspace()
-        self._sens = None  # the prepared sensitivity solve (`ForwardSensitivity.prepare`)
+        # the prepared sensitivity solves (`ForwardSensitivity.prepare`): to the individual
+        # parameters only (the empirical Bayes iterations), and to every parameter
+        self._sens = {}
 
     def params(self, phi, weights=None, weight_index=None):
         """The model's flat parameters: the subject's, with the individual parameters
@@ -69,28 +71,31 @@ class SubjectFit:
         """``f`` (m,) and, with ``sens``, ``df/dphi`` (m, k) at individual parameters ``phi``
         (with ``full``: the derivatives in every model parameter, (m, n_params))."""
         p = self.params(phi, weights, weight_index)
+        model, idx = self.model, self.individual.index
         if sens:
-            if self._sens is None:
-                self._sens = _SENS.prepare(self.job)
-            st = self._sens(p)
+            if full not in self._sens:
+                self._sens[full] = _SENS.prepare(self.job, None if full else idx)
+            st = self._sens[full](p)
         else:
             st = values(replace(self.job, p=p)).check()
         U = st.u
-        model, idx = self.model, self.individual.index
         m = self.y.shape[0]
         f = np.empty(m)
         if self.kind == "states":
             f[:] = U[self.obs_q, self.col]
             if sens:
-                Fp = st.S[self.obs_q, self.col]
-                return f, (np.ascontiguousarray(Fp) if full else Fp[:, idx])
+                return f, np.ascontiguousarray(st.S[self.obs_q, self.col])
             return f, None
         if not sens:
             Y = np.empty((U.shape[0], model.n_obs))
             observe_along(self.kern, p, self.ws, Y, self.job.obs_t, U)
             return Y[self.obs_q, self.col], None
+        S = st.S
+        if not full:  # the followed columns in place; the others' du/dp are not needed
+            S = np.zeros(S.shape[:2] + (model.n_params,))
+            S[:, :, idx] = st.S
         Fp = np.empty((m, model.n_params))
-        observe_sensitivities(self.kern, p, self.ws, U, np.ascontiguousarray(st.S),
+        observe_sensitivities(self.kern, p, self.ws, U, np.ascontiguousarray(S),
                               self.job.obs_t, self.obs_q, self.col, np.empty(model.n_obs), f,
                               Fp)
         return f, (Fp if full else np.ascontiguousarray(Fp[:, idx]))

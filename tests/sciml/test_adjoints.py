@@ -413,3 +413,32 @@ def test_lean_many_path_agrees_with_the_general_one():
     v1, g1 = sciml.loss_and_grad(probs, datas, sensealg=alg, threads=1)
     assert v1 == v
     np.testing.assert_array_equal(g1, g)
+
+
+@pytest.mark.parametrize("solver", [sciml.Tsit5(), sciml.Rodas5()], ids=["tsit5", "rodas5"])
+def test_forward_sensitivities_to_chosen_parameters_are_those_columns(solver):
+    # ForwardSensitivity.prepare(job, cols): S to a few parameters (what an NLME subject's
+    # empirical Bayes iterations need) equals those columns of S to all of them; u0 depends
+    # on a parameter and a network, so S(t0) is chosen too
+    from dataclasses import replace
+
+    from adjoints._forward import Job
+    from sciml.solvers import common
+
+    G = mz.Chain(1, mz.Dense(4, "tanh"), mz.Dense(1))
+    model = mz.sm.Model(_growth, ["x"], ["k", "K", "A0"], nets={"G": G})
+    theta = model.init_params(seed=0, k=0.8, K=3.0, A0=0.4)
+    prob = sciml.ODEProblem(model, lambda p, nets: [p.A0 + nets.G([p.A0])[0]], (0.0, 5.0),
+                            theta)
+    t = np.linspace(0.5, 5.0, 10)
+    job = Job(prob, theta.copy(), common.schedule(prob), solver, 1e-10, np.full(1, 1e-10),
+              None, 100_000, t)
+    fs = adjoints.ForwardSensitivity()
+    full = fs.prepare(job)(theta)
+    cols = np.array([2, 5, 0])
+    sub = fs.prepare(replace(job), cols)(theta)
+    assert sub.S.shape == (10, 1, 3)
+    np.testing.assert_allclose(sub.u, full.u, rtol=1e-8)
+    np.testing.assert_allclose(sub.S, full.S[:, :, cols], rtol=1e-7, atol=1e-10)
+    with pytest.raises(ValueError, match="`cols` must index the model's"):
+        fs.prepare(job, [model.n_params])
