@@ -349,7 +349,7 @@ class NLME:
     # ---------------------------------------------------------------- estimation
 
     def fit(self, subjects, method="focei", *, fixed=(), max_iter=500, covariance=True,
-            **solve):
+            stages=(), **solve):
         """Estimate theta, omega and sigma by minimising the objective of ``method``.
 
         Parameters
@@ -361,6 +361,11 @@ class NLME:
             ``"U"``) kept at their values.
         max_iter : int
             Iterations of the outer optimiser (BFGS on the method's exact gradient).
+        stages : sequence of nets optimizers
+            First-order stages run before BFGS, each for its ``iters`` steps on the same
+            exact gradient (e.g. ``[nets.Adam(0.01, iters=200)]``): for networks with many
+            weights, where BFGS from a poor start is slow; BFGS refines from the best
+            point they reached.
         covariance : bool
             Run the covariance step (standard errors from the objective's Hessian, central
             differences of its gradient).
@@ -393,7 +398,8 @@ class NLME:
             state["etas"] = new
             return value, self.gradient_x(x, parts)[free]
 
-        res = optimize.minimize(fun_and_grad, x0[free], jac=True, method="BFGS",
+        z0 = _first_order(stages, fun_and_grad, x0[free])
+        res = optimize.minimize(fun_and_grad, z0, jac=True, method="BFGS",
                                 options={"maxiter": max_iter, "gtol": 1e-4})
         x = full(res.x)
         value, etas = self._objective(fits, x, method, state["etas"])
@@ -423,6 +429,28 @@ class NLME:
                 raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
                                  f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
+
+
+def _first_order(stages, fun_and_grad, z):
+    """The best point of first-order ``stages`` (nets optimizers with ``iters``) from ``z``."""
+    stages = [stages] if hasattr(stages, "update") else list(stages)
+    best, best_value = z.copy(), np.inf
+    for i, opt in enumerate(stages):
+        iters = getattr(opt, "iters", None)
+        if not (callable(getattr(opt, "init", None)) and callable(getattr(opt, "update", None))
+                and isinstance(iters, int) and iters > 0):
+            raise TypeError(f"NLME.fit: `stages[{i}]` must be a nets optimizer with an "
+                            f"iteration budget, e.g. nets.Adam(0.01, iters=200), got {opt!r}")
+        z = best.copy()
+        opt.init(z)
+        for _ in range(iters):
+            value, g = fun_and_grad(z)
+            if not np.isfinite(value):
+                break  # back to the best point: the next stage (or BFGS) starts there
+            if value < best_value:
+                best, best_value = z.copy(), value
+            opt.update(z, g)
+    return best
 
 
 def _own_net(name, value, model):

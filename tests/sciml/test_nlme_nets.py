@@ -105,3 +105,16 @@ def test_a_network_of_a_covariate_is_estimated_with_exact_gradients():
                          nets=fit.nets) == pytest.approx(fit.objective, abs=1e-6)
     held = pop.fit(subjects, fixed=("F",), covariance=False, max_iter=5)
     np.testing.assert_array_equal(held.nets["F"], pop.theta0[2:])
+
+
+def test_first_order_stages_run_before_bfgs_on_the_exact_gradient():
+    from nets import Adam
+
+    subjects = _covariate_subjects(n=8)
+    pop, _ = _covariate_pop()
+    start = pop.objective(subjects)
+    adam = pop.fit(subjects, stages=[Adam(0.05, iters=25)], max_iter=0, covariance=False)
+    assert adam.objective < start - 50
+    assert not np.array_equal(adam.nets["F"], pop.theta0[2:])
+    with pytest.raises(TypeError, match=r"`stages\[0\]` must be a nets optimizer"):
+        pop.fit(subjects, stages=[Adam(0.05)], covariance=False)
