@@ -81,22 +81,31 @@ class Subject:
         """The empirical Bayes estimate from ``eta0``: scoring steps ``-H^-1 grad / 2`` with
         a backtracking line search, until the predicted decrease of O is below ``tol``.
 
+        Scoring's H leaves out the residuals' curvature ``sum_j l'_j d2f_j/deta2``; where
+        that is large (a strongly nonlinear network, large residuals) its steps overshoot
+        and it crawls. Once a step had to be cut to a quarter or less, the iterations
+        use Newton steps on the exact Hessian (`hessian`, second-order sensitivities)
+        whenever it is positive definite: quadratic convergence, and the gradient reuses
+        the derivatives at the last point.
+
         Near the optimum O's changes are lost in the solves' rounding, but its gradient
         (from the sensitivities) is not: steps predicted to change O by less than 1e-8
-        are taken without testing the decrease. Below that, a step that does not shrink
-        the predicted decrease means the gradient's own rounding is reached: the search
-        stops there too. Returns ``(eta_hat, evaluate(eta_hat))``.
+        are taken without testing the decrease. Below 1e-6, a predicted decrease that is
+        not under half the smallest one seen means the gradient's own rounding is
+        reached (it then bounces around the optimum): the search stops there too.
+        Returns ``(eta_hat, evaluate(eta_hat))``.
         """
         eta = np.array(eta0, dtype=float)
         cur = self.evaluate(eta)
-        last = np.inf
+        least, newton = np.inf, False
         for _ in range(max_iter):
             value, grad, H = cur[:3]
-            step = -0.5 * np.linalg.solve(H, grad)
+            M = self._newton_matrix(eta) if newton else None
+            step = -0.5 * np.linalg.solve(H if M is None else M, grad)
             decrease = -(grad @ step)
-            if not decrease > self.tol or (decrease < 1e-8 and decrease > 0.5 * last):
+            if not decrease > self.tol or (decrease < 1e-6 and decrease > 0.5 * least):
                 break
-            last = decrease
+            least = min(least, decrease)
             a = 1.0
             for _ in range(30):
                 trial = self.evaluate(eta + a * step)
@@ -106,8 +115,18 @@ class Subject:
                 a *= 0.5
             else:
                 break
+            newton = newton or a <= 0.25
             eta, cur = eta + a * step, trial
         return eta, cur
+
+    def _newton_matrix(self, eta):
+        """Half the exact Hessian of O at ``eta`` when it is positive definite, else None."""
+        K = 0.5 * self.hessian(eta)
+        try:
+            np.linalg.cholesky(K)
+        except np.linalg.LinAlgError:
+            return None
+        return K
 
     def objective(self, eta0):
         """``(contribution to the objective, eta_hat)``."""

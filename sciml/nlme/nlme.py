@@ -11,6 +11,8 @@ gradient (`gradient`), for every method.
 """
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy import optimize
@@ -88,6 +90,9 @@ class NLME:
         The empirical Bayes estimates stop when a step would lower a subject's objective
         by less than this (the objective is then exact to about ``sqrt(ebe_tol)`` times
         its sensitivity to eta; the FOCE-I gradient accounts for the remainder).
+    threads : int, optional
+        Subjects are evaluated on this many threads (default: the machine's cores); the
+        sums are taken in the subjects' order, so results do not depend on it.
 
     Examples
     --------
@@ -99,7 +104,8 @@ class NLME:
     >>> fit = pop.fit(subjects, method="focei")
     """
 
-    def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12):
+    def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12,
+                 threads=None):
         if not isinstance(theta, dict) or not theta:
             raise TypeError("NLME: `theta` must be a non-empty dict {name: initial value}")
         self.model = model
@@ -142,6 +148,11 @@ class NLME:
                                      chains)
         self.net_names, self.w0, self.weight_index = _nets(model, nets)
         self.ebe_tol = _number(ebe_tol, "ebe_tol")
+        if threads is None:
+            threads = os.cpu_count() or 1
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"NLME: `threads` must be a positive int, got {threads!r}")
+        self.threads = threads
 
     # ---------------------------------------------------------------- parameters
 
@@ -212,38 +223,49 @@ class NLME:
         return [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
                            max_steps) for s in subjects]
 
-    def _subjects(self, fits, x, method, ebe_tol=None):
-        """Each subject's objective (`likelihood.Subject`) at the parameters ``x``."""
+    def _subject(self, x, method, ebe_tol=None):
+        """``sf -> likelihood.Subject``: a subject's objective at the parameters ``x``."""
         theta, blocks, sigma = self.unpack(x)
         omega = self._omega_matrix(blocks)
         sds = self._sd_per_error(sigma)
-        for sf in fits:
-            yield Subject(sf, self.errors, theta, omega, sds, method, ebe_tol or self.ebe_tol,
-                          self.weights(x), self.weight_index)
+        w = self.weights(x)
+        return lambda sf: Subject(sf, self.errors, theta, omega, sds, method,
+                                  ebe_tol or self.ebe_tol, w, self.weight_index)
+
+    def _each(self, fn, fits, etas):
+        """``[fn(subject fit, eta0)]`` in the subjects' order, on ``threads`` threads: the
+        compiled solves release the GIL, and each subject has its own buffers."""
+        pairs = list(zip(fits, etas))
+        n = min(self.threads, len(pairs))
+        if n < 2:
+            return [fn(*a) for a in pairs]
+        with ThreadPoolExecutor(n) as pool:
+            return list(pool.map(lambda a: fn(*a), pairs))
 
     def _objective(self, fits, x, method, etas, ebe_tol=None):
-        total, new = 0.0, []
-        for subj, eta0 in zip(self._subjects(fits, x, method, ebe_tol), etas):
-            value, eta = subj.objective(eta0)
-            total += value
-            new.append(eta)
-        return total, new
+        subject = self._subject(x, method, ebe_tol)
+        out = self._each(lambda sf, eta0: subject(sf).objective(eta0), fits, etas)
+        return sum(v for v, _ in out), [eta for _, eta in out]
 
     def _objective_and_gradient(self, fits, x, etas, method):
         """``(objective, etas, (dOFV/dpsi, Gamma))``: the exact gradient of ``method``
         (`gradient.gradient`, summed over subjects) in the thetas, residual sds and
         estimated weights (in that order), and ``dOFV = tr(Gamma dOmega)``; no parts
         (None) where the objective is not finite."""
-        total, new, d_pop, gamma = 0.0, [], 0.0, 0.0
-        for subj, eta0 in zip(self._subjects(fits, x, method), etas):
+        subject = self._subject(x, method)
+
+        def one(sf, eta0):
+            subj = subject(sf)
             value, eta = subj.objective(eta0)
-            if not np.isfinite(value):
-                return np.inf, etas, None
-            total += value
-            new.append(eta)
-            dp, g = gradient(subj, eta)
-            d_pop, gamma = d_pop + dp, gamma + g
-        return total, new, (d_pop, gamma)
+            return (value, eta) + (gradient(subj, eta) if np.isfinite(value) else (None, None))
+
+        out = self._each(one, fits, etas)
+        if not all(np.isfinite(v) for v, *_ in out):
+            return np.inf, etas, None
+        total, d_pop, gamma = 0.0, 0.0, 0.0
+        for value, _, dp, g in out:  # summed in the subjects' order, whatever the threads
+            total, d_pop, gamma = total + value, d_pop + dp, gamma + g
+        return total, [eta for _, eta, *_ in out], (d_pop, gamma)
 
     def gradient_x(self, x, parts):
         """The gradient in the unconstrained vector ``x`` from `_objective_and_gradient`'s

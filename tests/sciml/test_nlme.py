@@ -320,3 +320,22 @@ def test_replicate_observations_count_each_as_nonmem_does():
     y = s.data.y[:, 0]
     expect = np.sum((y - f) ** 2 / 0.25 + np.log(0.25))
     assert pop.objective([s], method="focei") == pytest.approx(expect, abs=1e-4)
+
+
+@pytest.mark.parametrize("method", ["focei", "fo"])
+def test_subjects_on_threads_give_the_serial_result_bit_for_bit(method):
+    subjects = _theo_subjects()
+    kw = dict(theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+              omega={"ka": 0.6, "cl": 0.3, "v": 0.1}, error={"cp": nl.Combined(0.5, 0.1)})
+    out = []
+    for threads in (1, 3):
+        pop = nl.NLME(THEO, _theo_individual, threads=threads, **kw)
+        fits = pop.prepare(subjects)
+        x = pop.pack(pop.theta0, [m for _, m in pop.blocks], pop.sigma0)
+        value, etas, parts = pop._objective_and_gradient(fits, x, [np.zeros(3)] * 12, method)
+        out.append((value, np.array(etas), pop.gradient_x(x, parts)))
+    assert out[0][0] == out[1][0]
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+    np.testing.assert_array_equal(out[0][2], out[1][2])
+    with pytest.raises(ValueError, match="`threads` must be a positive int"):
+        nl.NLME(THEO, _theo_individual, threads=0, **kw)
