@@ -118,3 +118,35 @@ def test_first_order_stages_run_before_bfgs_on_the_exact_gradient():
     assert not np.array_equal(adam.nets["F"], pop.theta0[2:])
     with pytest.raises(TypeError, match=r"`stages\[0\]` must be a nets optimizer"):
         pop.fit(subjects, stages=[Adam(0.05)], covariance=False)
+
+
+def test_a_network_in_an_observable_has_exact_gradients():
+    from tests.sciml.test_nlme import _check_gradient
+
+    H = Chain(1, Dense(3, "tanh"), Dense(1))
+    model = sciml.Model(lambda u, p, t, nets: [-p.k * u.x], ["x"], ["k"], nets={"H": H},
+                        observables={"y": lambda u, p, t, nets: u.x + nets.H([u.x])[0]})
+    rng = np.random.default_rng(2)
+    rows = {"ID": [], "TIME": [], "DV": [], "AMT": [], "EVID": []}
+    for i in range(3):
+        k = 0.5 * np.exp(0.3 * rng.normal())
+        rows["ID"].append(i + 1)
+        rows["TIME"].append(0.0)
+        rows["DV"].append(0.0)
+        rows["AMT"].append(2.0)
+        rows["EVID"].append(1)
+        for tj in np.linspace(0.5, 4.0, 6):
+            x = 2.0 * np.exp(-k * tj)
+            for col, v in zip(rows, (i + 1, tj, x + 0.1 * np.tanh(x) + 0.02 * rng.normal(),
+                                     0.0, 0)):
+                rows[col].append(v)
+    subjects = read_events(rows, model, {1: "x"}, "y",
+                           params=model.init_params(seed=0, k=1.0))
+    w0 = 0.3 * rng.normal(size=H.n_params)
+    pop = nl.NLME(model, lambda th, eta, cov: {"k": np.exp(th.tk + eta.k)},
+                  theta={"tk": np.log(0.5)}, omega={"k": 0.1}, error={"y": nl.Additive(0.05)},
+                  nets={"H": w0}, ebe_tol=1e-26)
+    x = pop.pack(pop.theta0, [m for _, m in pop.blocks], [0.05]) + 0.01
+    n = x.shape[0]
+    weights_only = np.r_[np.zeros(n - H.n_params), rng.normal(size=H.n_params)]
+    _check_gradient(pop, subjects, x, "focei", np.vstack([np.eye(n)[:3], weights_only]))
