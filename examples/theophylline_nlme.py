@@ -131,14 +131,8 @@ for name, f in (("classic", fit_c), ("UDE", fit_u)):
 # %%
 fig, ax = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
 for a, (name, f) in zip(ax, (("classic", fit_c), ("UDE", fit_u))):
-    d = f.vpc_data(n_sim=50 if QUICK else 500, seed=1)
-    t = f.table
-    a.scatter(t["TIME"], t["DV"], s=8, color="0.6")
-    for k in range(3):
-        color = "C1" if k == 1 else "C0"
-        a.fill_between(d["time"], d["sim_lo"][:, k], d["sim_hi"][:, k], color=color, alpha=0.25)
-        a.plot(d["time"], d["observed"][:, k], color=color)
-    a.set(title=f"{name}: VPC (5/50/95%, 95% bands)", xlabel="time (h)")
+    f.vpc(n_sim=50 if QUICK else 500, seed=1, ax=a, legend=False)
+    a.set(title=f"{name}: VPC (5/50/95%, 95% bands)", xlabel="time (h)", ylabel="")
 ax[0].set_ylabel("theophylline (mg/L)")
 fig.tight_layout()
 fig.savefig(OUT / "theophylline_nlme_vpc.png", dpi=120)

@@ -319,15 +319,20 @@ class NLMEFit:
         return out
 
     def vpc(self, n_sim=200, bins=None, quantiles=(0.05, 0.5, 0.95), ci=0.95,
-            pred_corrected=False, seed=0, observable=None, path=None):
+            pred_corrected=False, seed=0, observable=None, path=None, ax=None,
+            legend=True):
         """A visual predictive check (see `vpc_data`): observed percentiles as lines over
         the simulated ones' confidence bands, the observations as points; a matplotlib
-        figure, saved to ``path`` when given."""
+        figure, saved to ``path`` when given. ``ax``: draw into these axes instead of a
+        new figure (a panel of a larger one)."""
         import matplotlib.pyplot as plt
 
         d = self.vpc_data(n_sim, bins, quantiles, ci, pred_corrected, seed, observable)
         t, sel = self._columns(), self._select(observable)
-        fig, ax = plt.subplots(figsize=(8, 5))
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(8, 5))
+        else:
+            fig = ax.figure
         ax.scatter(t["TIME"][sel], t["DV"][sel], s=8, color="0.6", label="observed")
         for k, qv in enumerate(d["quantiles"]):
             shade = "C1" if abs(qv - 0.5) < 1e-12 else "C0"
@@ -337,7 +342,8 @@ class NLMEFit:
                     label=f"observed {qv:.0%}")
         ax.set(xlabel="TIME", ylabel="pcDV" if pred_corrected else "DV",
                title=f"{'pc' if pred_corrected else ''}VPC ({n_sim} replicates)")
-        ax.legend(fontsize=7)
+        if legend:
+            ax.legend(fontsize=7)
         fig.tight_layout()
         if path is not None:
             fig.savefig(path, dpi=120)
