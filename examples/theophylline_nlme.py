@@ -15,8 +15,8 @@
 # 3. Both compared by objective, AIC, VPCs and, on subjects **held out** of the fit, by
 #    their marginal likelihood under each fitted population model.
 #
-# **Runtime (full mode)**: 309 s on this project's 2-core machine (nine fits of the network
-# model, 150 BFGS iterations each at most); quick mode about 15 s with the models cached.
+# **Runtime (full mode)**: 75 s on this project's 2-core machine (nine fits of the network
+# model, each to BFGS's convergence); quick mode about 6 s with the models cached.
 #
 # Run as a script with `python -m examples.theophylline_nlme` (`--quick` or `SCIML_QUICK=1`
 # for a short smoke run whose numbers are not the ones quoted here). Plots go to
@@ -113,7 +113,7 @@ w0 = chain.init_params(seed=0)
 w0[-5:] = 0.0  # the output layer: U = 0
 ude_subjects = sciml.data.read_events(DATA, ude, COMP, "cp",
                                       params=ude.init_params(seed=0, ka=1.0, cl=1.0, v=1.0))
-ITERS = 10 if QUICK else 150  # the late iterations of this fit get slow (see the README)
+ITERS = 10 if QUICK else 500
 
 
 def fit_ude(subs, iters=ITERS):

@@ -25,7 +25,7 @@
 # The two models are compared by objective, AIC, VPCs, NPDE and, on subjects **held out**
 # of the fit, by their marginal likelihood under each fitted population model.
 #
-# **Runtime (full mode)**: about 5 minutes (289 s) on this project's 2-core machine with
+# **Runtime (full mode)**: about 4 minutes (247 s) on this project's 2-core machine with
 # the models in the disk cache (ten FOCE-I fits, five of them with the network; subjects on
 # two threads); quick mode about 20 s.
 #
