@@ -77,7 +77,8 @@ import numpy as np
 from .fit import _check_problems, fit
 from .solvers import Solver
 
-__all__ = ["fit_multistart", "MultistartResult", "StartFit", "draw_starts"]
+__all__ = ["fit_multistart", "MultistartResult", "StartFit", "draw_starts", "run_starts",
+           "FitTask"]
 
 _INSTALL = 'pip install "dask[distributed]"'
 _FIT_OPTIONS = frozenset(inspect.signature(fit).parameters) - {
@@ -434,52 +435,67 @@ class _Store:
 # ----------------------------------------------------------------------------- one start
 
 
-def _run_start(setup, k, x0):
-    """Fit start `k` from `x0` (runs in a thread or a Dask worker); a `StartFit`."""
-    prob, data, options = setup
-    opts = dict(options)
-    if opts.get("optimizers") is not None:
-        # Optimizers keep their state (Adam's moments) on the object: one copy per start,
-        # or concurrent starts would share it.
-        opts["optimizers"] = copy.deepcopy(opts["optimizers"])
+class FitTask:
+    """One start of `fit_multistart`: ``task(k, x0) -> StartFit`` runs `sciml.fit` from
+    ``x0`` (in a thread or a Dask worker). `run_starts` takes any object with this call,
+    ``warm(x0)`` (compile here before the fan-out) and ``portable()`` (a copy that
+    pickles): `sciml.nlme.NLME.fit_multistart` passes its own."""
+
+    def __init__(self, prob, data, options):
+        self.prob, self.data, self.options = prob, data, options
+
+    def __call__(self, k, x0):
+        opts = dict(self.options)
+        if opts.get("optimizers") is not None:
+            # Optimizers keep their state (Adam's moments) on the object: one copy per start,
+            # or concurrent starts would share it.
+            opts["optimizers"] = copy.deepcopy(opts["optimizers"])
+        t0 = time.perf_counter()
+        with one_blas_thread():
+            try:
+                r = fit(self.prob, self.data, params=x0, progress=False, **opts)
+            except Exception as e:  # one start's failure is a result, not the run's end
+                return failed_start(k, x0, e, time.perf_counter() - t0)
+        return StartFit(k, x0, r.params, r.loss, r.penalty, r.objective, r.history,
+                        r.n_iters, r.n_evals, r.stopped, "ok", "", time.perf_counter() - t0)
+
+    def warm(self, x0):
+        """One loss and gradient here, before the fan-out: compiles (or loads from numba's
+        disk cache) the engine's loops the fits use, so that workers load them rather than
+        compile."""
+        if self.options.get("backend", "numba") != "numba":
+            return
+        from .gradient import loss_and_grad
+
+        keys = ("loss", "solver", "sensealg", "rtol", "atol", "max_steps", "threads")
+        kw = {k: self.options[k] for k in keys if k in self.options}
+        with contextlib.suppress(Exception):  # a bad start point is the fit's to report
+            loss_and_grad(self.prob, self.data, params=x0, **kw)
+
+    def portable(self):
+        """The task with solver objects copied without their per-process caches (compiled
+        entry points, threads), which neither pickle nor mean anything elsewhere."""
+        out = dict(self.options)
+        s = out.get("solver")
+        if isinstance(s, Solver):
+            s = copy.copy(s)
+            for key in [k for k in s.__dict__ if k.startswith("_")]:
+                s.__dict__.pop(key)
+            out["solver"] = s
+        return FitTask(self.prob, self.data, out)
+
+
+def failed_start(k, x0, error, seconds):
+    """The `StartFit` of a start whose fit raised ``error``."""
+    return StartFit(k, x0, x0.copy(), math.inf, 0.0, math.inf, np.zeros(0), 0, 0, "error",
+                    "failed", f"{type(error).__name__}: {error}", seconds)
+
+
+def one_blas_thread():
+    """A context in which BLAS runs on one thread (the starts fill the cores)."""
     from threadpoolctl import threadpool_limits
 
-    t0 = time.perf_counter()
-    with threadpool_limits(1, user_api="blas"):
-        try:
-            r = fit(prob, data, params=x0, progress=False, **opts)
-        except Exception as e:  # one start's failure is a result, not the run's end
-            return StartFit(k, x0, x0.copy(), math.inf, 0.0, math.inf, np.zeros(0), 0, 0,
-                            "error", "failed", f"{type(e).__name__}: {e}",
-                            time.perf_counter() - t0)
-    return StartFit(k, x0, r.params, r.loss, r.penalty, r.objective, r.history, r.n_iters,
-                    r.n_evals, r.stopped, "ok", "", time.perf_counter() - t0)
-
-
-def _portable(options):
-    """The fit options with solver objects copied without their per-process caches
-    (compiled entry points, threads), which neither pickle nor mean anything elsewhere."""
-    out = dict(options)
-    s = out.get("solver")
-    if isinstance(s, Solver):
-        s = copy.copy(s)
-        for key in [k for k in s.__dict__ if k.startswith("_")]:
-            s.__dict__.pop(key)
-        out["solver"] = s
-    return out
-
-
-def _warm(prob, data, options, x0):
-    """One loss and gradient here, before the fan-out: compiles (or loads from numba's disk
-    cache) the engine's loops the fits use, so that workers load them rather than compile."""
-    if options.get("backend", "numba") != "numba":
-        return
-    from .gradient import loss_and_grad
-
-    keys = ("loss", "solver", "sensealg", "rtol", "atol", "max_steps", "threads")
-    kw = {k: options[k] for k in keys if k in options}
-    with contextlib.suppress(Exception):  # a bad start point is the fit's to report
-        loss_and_grad(prob, data, params=x0, **kw)
+    return threadpool_limits(1, user_api="blas")
 
 
 # ----------------------------------------------------------------------------- entry
@@ -566,19 +582,27 @@ def fit_multistart(prob_or_list, data_or_list, starts=64, seed=0, client=None, r
     else:
         _seed(seed)
         X = _start_array(starts, n_params)
+    options = dict(fit_options)
+    if many:  # numba threads inside one fit of several problems: one, the starts fill the cores
+        options.setdefault("threads", 1)
+    task = FitTask(probs if many else probs[0], datas if many else datas[0], options)
+    return run_starts(task, X, client, results, progress, workers, t_start)
+
+
+def run_starts(task, X, client=None, results=None, progress=True, workers=None,
+               t_start=None):
+    """Run ``task(k, X[k])`` for every start k not already in ``results``: the mechanism
+    of `fit_multistart` (threads, a LocalCluster or a Dask client; the resumable
+    folder; one progress bar), for any task with ``warm`` and ``portable`` (`FitTask`).
+    Returns the `MultistartResult`."""
+    t_start = time.perf_counter() if t_start is None else t_start
     client_kind = _client_kind(client)
     store = _Store(results) if results is not None else None
     done = store.load(X) if store is not None else {}
     n_resumed = len(done)
     todo = [k for k in range(X.shape[0]) if k not in done]
-
-    options = dict(fit_options)
-    if many:  # numba threads inside one fit of several problems: one, the starts fill the cores
-        options.setdefault("threads", 1)
-    p_arg = probs if many else probs[0]
-    d_arg = datas if many else datas[0]
     if todo:
-        _warm(p_arg, d_arg, options, X[todo[0]])
+        task.warm(X[todo[0]])
     bar = _bar(progress, X.shape[0], done)
     lock = threading.Lock()
 
@@ -598,10 +622,10 @@ def fit_multistart(prob_or_list, data_or_list, starts=64, seed=0, client=None, r
         if todo:
             n = workers or _cores()
             if client_kind == "threads":
-                _run_threads((p_arg, d_arg, options), X, todo, n, finished)
+                _run_threads(task, X, todo, n, finished)
             else:
-                _run_dask(client if client_kind == "client" else None,
-                          (p_arg, d_arg, _portable(options)), X, todo, n, finished)
+                _run_dask(client if client_kind == "client" else None, task.portable(), X,
+                          todo, n, finished)
     finally:
         if bar is not None:
             bar.close()
@@ -652,10 +676,10 @@ def _distributed():
     return distributed
 
 
-def _run_threads(setup, X, todo, n, finished):
+def _run_threads(task, X, todo, n, finished):
     with ThreadPoolExecutor(max_workers=min(n, len(todo)),
                             thread_name_prefix="sciml-multistart") as pool:
-        pending = {pool.submit(_run_start, setup, k, X[k].copy()) for k in todo}
+        pending = {pool.submit(task, k, X[k].copy()) for k in todo}
         try:
             while pending:
                 ready, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -673,7 +697,11 @@ WORKER_ENV = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_TH
               "MKL_NUM_THREADS": "1"}
 
 
-def _run_dask(client, setup, X, todo, n, finished):
+def _call(task, k, x0):
+    return task(k, x0)
+
+
+def _run_dask(client, task, X, todo, n, finished):
     distributed = _distributed()
     cluster = None
     try:
@@ -684,8 +712,8 @@ def _run_dask(client, setup, X, todo, n, finished):
                                                silence_logs=logging.ERROR)
             client = distributed.Client(cluster, set_as_default=False)
         token = uuid.uuid4().hex[:12]
-        shared = client.scatter(setup, broadcast=True, hash=False)
-        futures = [client.submit(_run_start, shared, k, X[k].copy(),
+        shared = client.scatter(task, broadcast=True, hash=False)
+        futures = [client.submit(_call, shared, k, X[k].copy(),
                                  key=f"sciml-multistart-{token}-{k}", pure=False)
                    for k in todo]
         index = {fut.key: k for fut, k in zip(futures, todo)}
@@ -697,10 +725,7 @@ def _run_dask(client, setup, X, todo, n, finished):
                     # The start took down every worker it ran on (Dask's allowed-failures):
                     # a failed start, not the run's end; not stored, so a rerun retries it.
                     k = index[fut.key]
-                    rec = StartFit(k, X[k].copy(), X[k].copy(), math.inf, 0.0, math.inf,
-                                   np.zeros(0), 0, 0, "error", "failed",
-                                   f"KilledWorker: {e}", math.nan)
-                    finished(rec, save=False)
+                    finished(failed_start(k, X[k].copy(), e, math.nan), save=False)
                     continue
                 finished(rec)
         except BaseException:

@@ -167,13 +167,18 @@ class Individual:
         self._second = sympy.lambdify(args, [d2_ee, d2_et], modules=modules, cse=True)
         self.n_eta, self.n_theta = len(ets), len(ths)
 
+    # A line search may try an eta whose exp overflows: the solve then fails and the step
+    # is shortened; numpy's overflow warning would only be noise.
+
     def values(self, theta, eta, cov):
         """The parameters it sets, (k,)."""
-        return np.array(self._values(theta, eta, cov), dtype=float).ravel()
+        with np.errstate(over="ignore", invalid="ignore"):
+            return np.array(self._values(theta, eta, cov), dtype=float).ravel()
 
     def derivatives(self, theta, eta, cov):
         """``(phi (k,), dphi/deta (k, n_eta), dphi/dtheta (k, n_theta))``."""
-        phi, de, dt = self._derivs(theta, eta, cov)
+        with np.errstate(over="ignore", invalid="ignore"):
+            phi, de, dt = self._derivs(theta, eta, cov)
         k = len(self.params)
         return (np.array(phi, dtype=float).ravel(),
                 np.array(de, dtype=float).reshape(k, -1),
@@ -181,7 +186,8 @@ class Individual:
 
     def second_derivatives(self, theta, eta, cov):
         """``(d2phi/deta2 (k, n_eta, n_eta), d2phi/deta dtheta (k, n_eta, n_theta))``."""
-        ee, et = self._second(theta, eta, cov)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ee, et = self._second(theta, eta, cov)
         k = len(self.params)
         return (np.array(ee, dtype=float).reshape(k, self.n_eta, self.n_eta),
                 np.array(et, dtype=float).reshape(k, self.n_eta, self.n_theta))

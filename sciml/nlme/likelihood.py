@@ -30,6 +30,8 @@ For additive errors FOCE and FOCE-I are the same objective.
 
 import numpy as np
 
+from adjoints._forward import SolveFailed
+
 from .derivatives import Local, hessian, residual_jets, variance_terms
 
 METHODS = ("fo", "foce", "focei", "laplace")
@@ -62,8 +64,13 @@ class Subject:
         return variances(self.errors, self.sd, self.sf.err_index, f)
 
     def evaluate(self, eta):
-        """``(O, gradient of O, H, f, G, R)`` at ``eta`` (see the module docstring)."""
-        f, G = self._predict(eta)
+        """``(O, gradient of O, H, f, G, R)`` at ``eta`` (see the module docstring); O is
+        infinite where the subject's solve fails (a line search then steps back)."""
+        try:
+            f, G = self._predict(eta)
+        except SolveFailed:
+            k = eta.shape[0]
+            return np.inf, np.full(k, np.nan), np.full((k, k), np.nan), None, None, None
         if self.R0 is not None:
             R, dR = self.R0, np.zeros_like(f)
         else:
@@ -136,6 +143,8 @@ class Subject:
             _, _, _, f, G, _ = self.evaluate(eta)
             return _linearised(self.sf.y, f, G, self.omega, self.R0), eta
         eta, (value, _, H, f, G, R) = self.ebe(eta0)
+        if not np.isfinite(value):
+            return np.inf, eta
         if self.method == "foce":
             return _linearised(self.sf.y, f - G @ eta, G, self.omega, self.R0), eta
         if self.method == "laplace":

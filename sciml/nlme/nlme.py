@@ -10,12 +10,17 @@ the last one found. The outer optimiser (BFGS) follows the objective's exact
 gradient (`gradient`), for every method.
 """
 
+import contextlib
+import copy
 import math
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from scipy import optimize
+
+from adjoints._forward import SolveFailed
 
 from sciml.solvers.erk import Tsit5
 
@@ -244,7 +249,14 @@ class NLME:
 
     def _objective(self, fits, x, method, etas, ebe_tol=None):
         subject = self._subject(x, method, ebe_tol)
-        out = self._each(lambda sf, eta0: subject(sf).objective(eta0), fits, etas)
+
+        def one(sf, eta0):
+            try:
+                return subject(sf).objective(eta0)
+            except SolveFailed:  # parameters where this subject cannot be solved
+                return np.inf, eta0
+
+        out = self._each(one, fits, etas)
         return sum(v for v, _ in out), [eta for _, eta in out]
 
     def _objective_and_gradient(self, fits, x, etas, method):
@@ -255,9 +267,13 @@ class NLME:
         subject = self._subject(x, method)
 
         def one(sf, eta0):
-            subj = subject(sf)
-            value, eta = subj.objective(eta0)
-            return (value, eta) + (gradient(subj, eta) if np.isfinite(value) else (None, None))
+            try:
+                subj = subject(sf)
+                value, eta = subj.objective(eta0)
+                return (value, eta) + (gradient(subj, eta) if np.isfinite(value) else
+                                       (None, None))
+            except SolveFailed:  # parameters where this subject cannot be solved
+                return np.inf, eta0, None, None
 
         out = self._each(one, fits, etas)
         if not all(np.isfinite(v) for v, *_ in out):
@@ -371,7 +387,7 @@ class NLME:
     # ---------------------------------------------------------------- estimation
 
     def fit(self, subjects, method="focei", *, fixed=(), max_iter=500, covariance=True,
-            stages=(), **solve):
+            stages=(), start=None, **solve):
         """Estimate theta, omega and sigma by minimising the objective of ``method``.
 
         Parameters
@@ -388,6 +404,9 @@ class NLME:
             exact gradient (e.g. ``[nets.Adam(0.01, iters=200)]``): for networks with many
             weights, where BFGS from a poor start is slow; BFGS refines from the best
             point they reached.
+        start : array_like, optional
+            An unconstrained vector to start from (`pack`'s layout; e.g. a start of
+            `fit_multistart`) instead of the initial values; fixed entries keep its values.
         covariance : bool
             Run the covariance step (standard errors from the objective's Hessian, central
             differences of its gradient).
@@ -400,7 +419,7 @@ class NLME:
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)
-        x0 = self.pack(self.theta0, [m for _, m in self.blocks], self.sigma0)
+        x0 = self._start(start)
         free = self._free(fixed)
         k = len(self.eta_names)
         etas = [np.zeros(k) for _ in fits]
@@ -427,6 +446,65 @@ class NLME:
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)
 
+    def _start(self, start):
+        x0 = self.pack(self.theta0, [m for _, m in self.blocks], self.sigma0)
+        if start is None:
+            return x0
+        x = np.array(start, dtype=float).ravel()
+        if x.shape != x0.shape or not np.all(np.isfinite(x)):
+            raise ValueError(f"NLME.fit: `start` must be {x0.shape[0]} finite numbers (the "
+                             f"unconstrained vector of `pack`), got shape {np.shape(start)}")
+        return x
+
+    def fit_multistart(self, subjects, starts=16, seed=0, spread=0.5, method="focei", *,
+                       fixed=(), client=None, results=None, progress=True, workers=None,
+                       covariance=True, **fit_options):
+        """Fit from many start points, with `sciml.fit_multistart`'s mechanism (threads, an
+        embedded Dask ``LocalCluster`` with ``client="local"``, or a Dask client; a
+        resumable ``results`` folder; one progress bar).
+
+        Start k is the initial unconstrained vector (`pack`: thetas, log-Cholesky omega,
+        log sds, weights) plus ``spread`` times standard normals drawn from
+        ``np.random.SeedSequence(seed).spawn(starts)[k]`` on the entries not ``fixed``
+        (``starts`` may also be an array of such vectors). Each start is one `fit` (its
+        subjects on one thread; ``fit_options``: ``max_iter``, ``stages``, solver
+        settings).
+
+        Returns
+        -------
+        sciml.MultistartResult
+            Every start (``StartFit.params``: the fitted unconstrained vector,
+            ``objective``), sorted by objective, and ``best_fit``: the `NLMEFit` of the
+            best start (with the covariance step unless ``covariance=False``).
+        """
+        from sciml.multistart import run_starts
+
+        method = _method(method)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"NLME.fit_multistart: `seed` must be an int >= 0, got {seed!r}")
+        x0 = self._start(None)
+        free = self._free(fixed)
+        if isinstance(starts, (int, np.integer)) and not isinstance(starts, bool):
+            if starts < 1:
+                raise ValueError(f"NLME.fit_multistart: `starts` must be a positive int or an "
+                                 f"array of start vectors, got {starts!r}")
+            spread = _number(spread, "spread")
+            X = np.tile(x0, (int(starts), 1))
+            for k, child in enumerate(np.random.SeedSequence(seed).spawn(int(starts))):
+                X[k, free] += spread * np.random.default_rng(child).standard_normal(free.size)
+        else:
+            X = np.array(starts, dtype=float)
+            if X.ndim != 2 or X.shape[1] != x0.shape[0] or not np.all(np.isfinite(X)):
+                raise ValueError(f"NLME.fit_multistart: `starts` as an array must be finite, "
+                                 f"of shape (n_starts, {x0.shape[0]}), got {X.shape}")
+        task = _StartTask(self, list(subjects), method, dict(fit_options, fixed=fixed))
+        res = run_starts(task, X, client, results, progress, workers)
+        res.best_fit = self.fit(subjects, method, start=res.best.params, fixed=fixed,
+                                max_iter=0, covariance=covariance,
+                                **{k: v for k, v in fit_options.items()
+                                   if k not in ("max_iter", "stages")})
+        return res
+
     def _free(self, fixed):
         fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
         nt = self.theta0.shape[0]
@@ -451,6 +529,39 @@ class NLME:
                 raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
                                  f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
+
+
+class _StartTask:
+    """One start of `NLME.fit_multistart` (`sciml.multistart.run_starts`'s task)."""
+
+    def __init__(self, pop, subjects, method, options):
+        self.pop, self.subjects, self.method, self.options = pop, subjects, method, options
+
+    def __call__(self, k, x0):
+        from sciml.multistart import StartFit, failed_start, one_blas_thread
+
+        pop = copy.copy(self.pop)
+        pop.threads = 1  # the starts fill the cores
+        t0 = time.perf_counter()
+        with one_blas_thread():
+            try:
+                f = pop.fit(self.subjects, self.method, start=x0, covariance=False,
+                            **self.options)
+            except Exception as e:  # one start's failure is a result, not the run's end
+                return failed_start(k, x0, e, time.perf_counter() - t0)
+        ok = np.isfinite(f.objective)
+        return StartFit(k, x0, f._x.copy(), f.objective, 0.0, f.objective,
+                        np.array([f.objective]), f.n_iter, 0,
+                        "done" if f.success else "max_iter", "ok" if ok else "failed",
+                        "" if ok else f.message, time.perf_counter() - t0)
+
+    def warm(self, x0):
+        """One objective here before the fan-out (the subjects' solves compiled or loaded)."""
+        with contextlib.suppress(Exception):
+            self.pop.objective(self.subjects[:1], method=self.method)
+
+    def portable(self):
+        return self
 
 
 def _first_order(stages, fun_and_grad, z):

@@ -96,13 +96,13 @@ def test_starts_from_the_seed_alone(setup):
 def test_resume_skips_completed_starts(setup, tmp_path, monkeypatch):
     prob, data = setup
     calls = []
-    run = multistart._run_start
+    run = multistart.FitTask.__call__
 
-    def counting(setup_, k, x0):
+    def counting(task, k, x0):
         calls.append(k)
-        return run(setup_, k, x0)
+        return run(task, k, x0)
 
-    monkeypatch.setattr(multistart, "_run_start", counting)
+    monkeypatch.setattr(multistart.FitTask, "__call__", counting)
     opts = dict(optimizers=optimizers(), progress=False, results=tmp_path / "ms")
     X = multistart.draw_starts(prob, N_STARTS, seed=0)
     first = sciml.fit_multistart(prob, data, starts=X[:4], **opts)
