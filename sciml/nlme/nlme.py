@@ -21,7 +21,6 @@ import numpy as np
 from scipy import optimize
 
 from adjoints._forward import SolveFailed
-
 from sciml.solvers.erk import Tsit5
 
 from .errors import ErrorModel
