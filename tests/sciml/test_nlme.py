@@ -367,3 +367,14 @@ def test_multistart_reaches_the_anchor_from_every_start_and_resumes(tmp_path):
     np.testing.assert_array_equal(task(0, res[2].x0).params, res[2].params)
     with pytest.raises(ValueError, match="`starts` as an array must be"):
         pop.fit_multistart(subjects, starts=np.zeros((2, 3)), progress=False)
+
+
+def test_theo_sd_fo_reproduces_nlmixr2s_reported_objective():
+    # nlmixr2 reports, for est="fo", the FOCE-I objective at the FO estimates (its fit prints
+    # "FO estimation with FOCEi posthoc"): published 128.01. Ours: FO fit, then FOCE-I there.
+    subjects, pop = _theo_subjects(), _theo_pop()
+    fo = pop.fit(subjects, method="fo", covariance=False)
+    assert fo.objective == pytest.approx(103.87, abs=0.05)  # FO's own objective
+    posthoc = pop.objective(subjects, theta=fo.theta, omega=fo.omega, sigma=fo.sigma,
+                            method="focei")
+    assert posthoc == pytest.approx(128.01, abs=0.05)
