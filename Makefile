@@ -27,7 +27,7 @@ lint: $(VENV)/.stamp-dev
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile  # two workers, a file each: a cold run is mostly numba compiling, once per file
+	$(BIN)/python -m pytest -q -n 2  # two workers: a cold run is mostly numba compiling
 
 bench: $(VENV)/.stamp-dev
 	$(BIN)/pip install -q -e '.[bench]'
