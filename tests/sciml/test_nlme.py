@@ -344,9 +344,11 @@ def test_subjects_on_threads_give_the_serial_result_bit_for_bit(method):
 def test_multistart_reaches_the_anchor_from_every_start_and_resumes(tmp_path):
     import cloudpickle
 
+    from sciml.nlme.nlme import _StartTask
+
     subjects = _theo_subjects()
     pop = _theo_pop()
-    kw = dict(starts=3, seed=0, spread=0.3, progress=False, covariance=False)
+    kw = dict(starts=3, seed=0, spread=0.2, progress=False, covariance=False)
     res = pop.fit_multistart(subjects, results=tmp_path / "ms", **kw)
     assert len(res) == 3 and [f.status for f in res] == ["ok"] * 3
     assert np.all(np.diff(res.losses) >= 0)
@@ -357,12 +359,7 @@ def test_multistart_reaches_the_anchor_from_every_start_and_resumes(tmp_path):
     again = pop.fit_multistart(subjects, results=tmp_path / "ms", **kw)  # all resumed
     assert again.n_resumed == 3
     np.testing.assert_array_equal(again.best.params, res.best.params)
-    # one thread, a start given as an array, a task shipped as Dask would: the same fit
-    serial = pop.fit_multistart(subjects, starts=np.array([res[1].x0]), workers=1,
-                                progress=False, covariance=False)
-    np.testing.assert_array_equal(serial.best.params, res[1].params)
-    from sciml.nlme.nlme import _StartTask
-
+    # the task shipped as Dask ships it, on one thread: the same fit as on the pool's threads
     task = cloudpickle.loads(cloudpickle.dumps(_StartTask(pop, subjects, "focei", {})))
     np.testing.assert_array_equal(task(0, res[2].x0).params, res[2].params)
     with pytest.raises(ValueError, match="`starts` as an array must be"):

@@ -29,12 +29,12 @@ def _table(n, seed, with_z=False):
 
 
 def test_npde_are_standard_normal_under_the_model_and_not_under_a_wrong_one():
-    rows = _table(30, seed=11)
+    rows = _table(24, seed=11)
     del rows["DVID"]
     subjects = read_events(rows, LINE, {1: "x"}, "y", params=[0.0, 0.0], tspan=(0.0, 4.0))
     fit = _line_pop().fit(subjects, method="focei", covariance=False)
-    z = fit.npde(n_sim=400, seed=2)
-    assert z.shape == (150,) and np.all(np.isfinite(z))
+    z = fit.npde(n_sim=250, seed=2)
+    assert z.shape == (120,) and np.all(np.isfinite(z))
     assert abs(np.mean(z)) < 0.25 and 0.8 < np.std(z) < 1.2
     assert stats.kstest(z, "norm").pvalue > 0.01
     # residual sd fixed at a third of the truth: the observations are too spread for it
@@ -42,8 +42,8 @@ def test_npde_are_standard_normal_under_the_model_and_not_under_a_wrong_one():
         LINE, lambda th, eta, cov: {"a": th.ta + eta.a, "b": th.tb + eta.b},
         theta={"ta": 0.8, "tb": 0.2}, omega={("a", "b"): [[0.3, 0.02], [0.02, 0.05]]},
         error={"y": nl.Additive(0.03)}).fit(subjects, fixed=("y.sd",), covariance=False)
-    zw = wrong.npde(n_sim=400, seed=2)
-    assert np.std(zw) > 1.5 and stats.kstest(zw, "norm").pvalue < 1e-3
+    zw = wrong.npde(n_sim=250, seed=2)
+    assert np.std(zw) > 1.5 and stats.kstest(zw, "norm").pvalue < 0.01
     with pytest.raises(ValueError, match="`n_sim` must exceed"):
         fit.npde(n_sim=5)
 
