@@ -10,11 +10,8 @@ the last one found. The outer optimiser (BFGS) follows the objective's exact
 gradient (`gradient`), for every method.
 """
 
-import contextlib
-import copy
 import math
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -476,33 +473,11 @@ class NLME:
             ``objective``), sorted by objective, and ``best_fit``: the `NLMEFit` of the
             best start (with the covariance step unless ``covariance=False``).
         """
-        from sciml.multistart import run_starts
+        from .starts import fit_multistart
 
-        method = _method(method)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"NLME.fit_multistart: `seed` must be an int >= 0, got {seed!r}")
-        x0 = self._start(None)
-        free = self._free(fixed)
-        if isinstance(starts, (int, np.integer)) and not isinstance(starts, bool):
-            if starts < 1:
-                raise ValueError(f"NLME.fit_multistart: `starts` must be a positive int or an "
-                                 f"array of start vectors, got {starts!r}")
-            spread = _number(spread, "spread")
-            X = np.tile(x0, (int(starts), 1))
-            for k, child in enumerate(np.random.SeedSequence(seed).spawn(int(starts))):
-                X[k, free] += spread * np.random.default_rng(child).standard_normal(free.size)
-        else:
-            X = np.array(starts, dtype=float)
-            if X.ndim != 2 or X.shape[1] != x0.shape[0] or not np.all(np.isfinite(X)):
-                raise ValueError(f"NLME.fit_multistart: `starts` as an array must be finite, "
-                                 f"of shape (n_starts, {x0.shape[0]}), got {X.shape}")
-        task = _StartTask(self, list(subjects), method, dict(fit_options, fixed=fixed))
-        res = run_starts(task, X, client, results, progress, workers)
-        res.best_fit = self.fit(subjects, method, start=res.best.params, fixed=fixed,
-                                max_iter=0, covariance=covariance,
-                                **{k: v for k, v in fit_options.items()
-                                   if k not in ("max_iter", "stages")})
-        return res
+        return fit_multistart(self, subjects, starts, seed, _number(spread, "spread"),
+                              _method(method), fixed, client, results, progress, workers,
+                              covariance, fit_options)
 
     def _free(self, fixed):
         fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
@@ -528,39 +503,6 @@ class NLME:
                 raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
                                  f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
-
-
-class _StartTask:
-    """One start of `NLME.fit_multistart` (`sciml.multistart.run_starts`'s task)."""
-
-    def __init__(self, pop, subjects, method, options):
-        self.pop, self.subjects, self.method, self.options = pop, subjects, method, options
-
-    def __call__(self, k, x0):
-        from sciml.multistart import StartFit, failed_start, one_blas_thread
-
-        pop = copy.copy(self.pop)
-        pop.threads = 1  # the starts fill the cores
-        t0 = time.perf_counter()
-        with one_blas_thread():
-            try:
-                f = pop.fit(self.subjects, self.method, start=x0, covariance=False,
-                            **self.options)
-            except Exception as e:  # one start's failure is a result, not the run's end
-                return failed_start(k, x0, e, time.perf_counter() - t0)
-        ok = np.isfinite(f.objective)
-        return StartFit(k, x0, f._x.copy(), f.objective, 0.0, f.objective,
-                        np.array([f.objective]), f.n_iter, 0,
-                        "done" if f.success else "max_iter", "ok" if ok else "failed",
-                        "" if ok else f.message, time.perf_counter() - t0)
-
-    def warm(self, x0):
-        """One objective here before the fan-out (the subjects' solves compiled or loaded)."""
-        with contextlib.suppress(Exception):
-            self.pop.objective(self.subjects[:1], method=self.method)
-
-    def portable(self):
-        return self
 
 
 def _first_order(stages, fun_and_grad, z):

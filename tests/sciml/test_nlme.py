@@ -344,7 +344,7 @@ def test_subjects_on_threads_give_the_serial_result_bit_for_bit(method):
 def test_multistart_reaches_the_anchor_from_every_start_and_resumes(tmp_path):
     import cloudpickle
 
-    from sciml.nlme.nlme import _StartTask
+    from sciml.nlme.starts import _StartTask
 
     subjects = _theo_subjects()
     pop = _theo_pop()
