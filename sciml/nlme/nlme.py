@@ -147,7 +147,8 @@ class NLME:
             f"{n}[{i}]" for n, c in chains.items() for i in range(c.n_params))
         self.individual = Individual(individual, model, self.theta_names, self.eta_names,
                                      chains)
-        self.net_names, self.w0, self.weight_index = _nets(model, nets)
+        self.net_slices, self.w0, self.weight_index = _nets(model, nets)
+        self.net_names = tuple(self.net_slices)
         self.ebe_tol = _number(ebe_tol, "ebe_tol")
         if threads is None:
             threads = os.cpu_count() or 1
@@ -344,12 +345,8 @@ class NLME:
             raise ValueError(f"NLME: `nets` names {sorted(unknown)}, not estimated networks "
                              f"({', '.join(known) or 'none'})")
         theta, w = theta.copy(), self.w0.copy()
-        places = {n: (theta, sl) for n, sl in self.own_nets.items()}
-        o = 0
-        for name in self.net_names:
-            n = self.model.nets[name].n_params
-            places[name] = (w, slice(o, o + n))
-            o += n
+        places = {**{n: (theta, sl) for n, sl in self.own_nets.items()},
+                  **{n: (w, sl) for n, sl in self.net_slices.items()}}
         for name, value in nets.items():
             target, sl = places[name]
             v = np.array(value, dtype=float).ravel()
@@ -404,8 +401,8 @@ class NLME:
             An unconstrained vector to start from (`pack`'s layout; e.g. a start of
             `fit_multistart`) instead of the initial values; fixed entries keep its values.
         covariance : bool
-            Run the covariance step (standard errors from the objective's Hessian, central
-            differences of its gradient).
+            Run the covariance step (standard errors from the objective's Hessian, forward
+            differences of its exact gradient).
         **solve
             ``solver``, ``rtol``, ``atol``, ``max_steps`` of the subjects' solves.
 
@@ -492,11 +489,9 @@ class NLME:
                 mask[nt + n_om + self.sigma_names.index(name)] = False
             elif name in self.own_nets:
                 mask[self.own_nets[name]] = False
-            elif name in self.net_names:
-                o = nt + n_om + ns
-                for other in self.net_names[:self.net_names.index(name)]:
-                    o += self.model.nets[other].n_params
-                mask[o:o + self.model.nets[name].n_params] = False
+            elif name in self.net_slices:
+                sl, o = self.net_slices[name], nt + n_om + ns
+                mask[o + sl.start:o + sl.stop] = False
             else:
                 known = self.theta_names + self.sigma_names + self.net_names + \
                     tuple(self.own_nets)
@@ -547,9 +542,9 @@ def _own_net(name, value, model):
 
 
 def _nets(model, nets):
-    """``(names, initial weights, their indices in the model's flat parameters)`` of the
-    model's networks estimated as population parameters."""
-    w, idx = [], []
+    """``({name: its slice of the weights}, initial weights, their indices in the model's
+    flat parameters)`` of the model's networks estimated as population parameters."""
+    slices, w, idx = {}, [], []
     for name, w0 in nets.items():
         n = model.nets[name].n_params
         v = np.array(w0, dtype=float).ravel()
@@ -557,11 +552,13 @@ def _nets(model, nets):
             raise ValueError(f"NLME: `nets[{name!r}]` must be {n} finite weights (the chain's "
                              f"n_params), got shape {np.shape(w0)}")
         sl = model.param_slices[name]
+        o = sum(len(v) for v in w)
+        slices[name] = slice(o, o + n)
         w.append(v)
         idx.append(np.arange(sl.start, sl.stop))
     if not w:
-        return (), np.zeros(0), np.zeros(0, dtype=np.int64)
-    return tuple(nets), np.concatenate(w), np.concatenate(idx).astype(np.int64)
+        return {}, np.zeros(0), np.zeros(0, dtype=np.int64)
+    return slices, np.concatenate(w), np.concatenate(idx).astype(np.int64)
 
 
 def _number(v, what):

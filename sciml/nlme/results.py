@@ -26,7 +26,7 @@ class NLMEFit:
     se : dict
         Standard errors by name (thetas, ``"omega.<eta>"`` variances,
         ``"omega.<eta1>,<eta2>"`` covariances, sigmas), from the inverse of half the
-        objective's Hessian in these parameters (central differences of its exact
+        objective's Hessian in these parameters (forward differences of its exact
         gradient); empty without the covariance step, NaN where the Hessian is not
         positive definite.
     aic, bic : float
@@ -44,12 +44,9 @@ class NLMEFit:
         self.omega = pop._omega_matrix(blocks)
         self.eta_names = pop.eta_names
         self.sigma = dict(zip(pop.sigma_names, sigma.tolist()))
-        w, o = pop.weights(x), 0
-        self.nets = {name: theta[sl].copy() for name, sl in pop.own_nets.items()}
-        for name in pop.net_names:
-            n = pop.model.nets[name].n_params
-            self.nets[name] = w[o:o + n].copy()
-            o += n
+        w = pop.weights(x)
+        self.nets = {**{name: theta[sl].copy() for name, sl in pop.own_nets.items()},
+                     **{name: w[sl].copy() for name, sl in pop.net_slices.items()}}
         self.objective = float(value)
         self.eta = np.array(etas)
         self.ids = [sf.id for sf in fits]

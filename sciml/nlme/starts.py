@@ -60,7 +60,7 @@ class _StartTask:
         ok = np.isfinite(f.objective)
         return StartFit(k, x0, f._x.copy(), f.objective, 0.0, f.objective,
                         np.array([f.objective]), f.n_iter, 0,
-                        "done" if f.success else "max_iter", "ok" if ok else "failed",
+                        "done" if f.success else "not_converged", "ok" if ok else "failed",
                         "" if ok else f.message, time.perf_counter() - t0)
 
     def warm(self, x0):
