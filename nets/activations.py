@@ -10,6 +10,14 @@ contiguous row of a buffer (`activate_row`), overwriting `z` with the value
 and writing the derivative beside it, so the backward pass is a plain
 multiply whatever the activation.
 
+The rows follow PyTorch's definitions and names (relu6, hardtanh, hardswish,
+hardsigmoid, selu, leaky_relu, logsigmoid, tanhshrink, softsign, mish, celu, elu,
+and gelu_erf: PyTorch's default, exact gelu; "gelu" is the tanh form), derivatives
+at kinks included. Four take constants (`Activation.constants`: leaky_relu's
+negative_slope, elu's and celu's alpha, hardtanh's min_val and max_val): the
+kernels get them as data (`activate_row_c`), so every value shares the one
+disk-cached kernel; `nets.registry` names them ``"elu(alpha=2.0)"``.
+
 libm `tanh` is a scalar call that blocks vectorisation (~9 ns each: 50 of
 them were most of a 2-50-2 network's forward pass), so `tanh` is computed
 inline by branch-free formulas that vectorise: float32 by a rational
@@ -223,18 +231,6 @@ def _silu_d(z):
 
 
 @jit(inline="always")
-def _elu(z):
-    return z if z > 0 else math.expm1(z)
-
-
-@jit(inline="always")
-def _elu_d(z):
-    v = z if z > 0 else math.expm1(z)
-    one = _one(z)
-    return v, one if z > 0 else v + one
-
-
-@jit(inline="always")
 def _rbf(z):
     return math.exp(-z * z)
 
@@ -245,13 +241,224 @@ def _rbf_d(z):
     return v, -2 * z * v
 
 
+# The activations below follow PyTorch's definitions, derivatives at kinks included
+# (e.g. relu6'(6) = 0, hardswish'(-3) = 0, elu'(0) = alpha). Those with constants
+# (leaky_relu, elu, celu, hardtanh) take them as arguments ``c0, c1`` in the
+# parameters' dtype (see `Activation.constants`).
+
+
+@jit(inline="always")
+def _clamp(z, lo, hi):
+    return min(max(z, lo), hi)
+
+
+@jit(inline="always")
+def _relu6(z):
+    one = _one(z)
+    return _clamp(z, one - one, 6 * one)
+
+
+@jit(inline="always")
+def _relu6_d(z):
+    one = _one(z)
+    zero = one - one
+    return _clamp(z, zero, 6 * one), one if zero < z < 6 * one else zero
+
+
+@jit(inline="always")
+def _hardtanh(z, lo, hi):
+    return _clamp(z, lo, hi)
+
+
+@jit(inline="always")
+def _hardtanh_d(z, lo, hi):
+    one = _one(z)
+    return _clamp(z, lo, hi), one if lo < z < hi else one - one
+
+
+@jit(inline="always")
+def _hardswish(z):
+    one = _one(z)
+    return z * _clamp(z + 3 * one, one - one, 6 * one) / 6
+
+
+@jit(inline="always")
+def _hardswish_d(z):
+    one = _one(z)
+    zero = one - one
+    d = zero if z <= -3 * one else (z / 3 + one / 2 if z < 3 * one else one)
+    return z * _clamp(z + 3 * one, zero, 6 * one) / 6, d
+
+
+@jit(inline="always")
+def _hardsigmoid(z):
+    one = _one(z)
+    return _clamp(z + 3 * one, one - one, 6 * one) / 6
+
+
+@jit(inline="always")
+def _hardsigmoid_d(z):
+    one = _one(z)
+    zero = one - one
+    return _clamp(z + 3 * one, zero, 6 * one) / 6, one / 6 if -3 * one < z < 3 * one else zero
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+_SELU_SA = _SELU_ALPHA * _SELU_SCALE
+
+
+@jit(inline="always")
+def _selu(z):
+    one = _one(z)
+    return _SELU_SCALE * one * z if z > 0 else _SELU_SA * one * math.expm1(z)
+
+
+@jit(inline="always")
+def _selu_d(z):
+    one = _one(z)
+    if z > 0:
+        return _SELU_SCALE * one * z, _SELU_SCALE * one
+    e = math.exp(z)
+    return _SELU_SA * one * math.expm1(z), _SELU_SA * one * e
+
+
+@jit(inline="always")
+def _leaky_relu(z, slope, unused):
+    return z if z > 0 else slope * z
+
+
+@jit(inline="always")
+def _leaky_relu_d(z, slope, unused):
+    return (z, _one(z)) if z > 0 else (slope * z, slope)
+
+
+@jit(inline="always")
+def _elu_c(z, alpha, unused):
+    return z if z > 0 else alpha * math.expm1(z)
+
+
+@jit(inline="always")
+def _elu_c_d(z, alpha, unused):
+    if z > 0:
+        return z, _one(z)
+    v = alpha * math.expm1(z)
+    return v, v + alpha
+
+
+@jit(inline="always")
+def _celu(z, alpha, unused):
+    return z if z > 0 else alpha * math.expm1(z / alpha)
+
+
+@jit(inline="always")
+def _celu_d(z, alpha, unused):
+    if z > 0:
+        return z, _one(z)
+    return alpha * math.expm1(z / alpha), math.exp(z / alpha)
+
+
+@jit(inline="always")
+def _logsigmoid(z):
+    one = _one(z)
+    return min(z, one - one) - math.log1p(math.exp(-abs(z)))
+
+
+@jit(inline="always")
+def _logsigmoid_d(z):
+    return _logsigmoid(z), sigmoid(-z)
+
+
+@jit(inline="always")
+def _tanhshrink64(x):
+    # z - tanh(z) without the cancellation at small |z|: Cephes' rational there is
+    # tanh(x) = x + x z P(z) / Q(z) (z = x^2), so x - tanh(x) = -x z P / Q. Beyond, libm's
+    # tanh (a rare activation: the inline, vectorisable tanh costs seconds of compile).
+    p0, p1, p2 = _TP
+    q0, q1, q2 = _TQ
+    z = x * x
+    if abs(x) < 0.625:
+        return -x * z * ((p0 * z + p1) * z + p2) / (((z + q0) * z + q1) * z + q2)
+    return x - math.tanh(x)
+
+
+@jit(inline="always")
+def _tanhshrink(z):
+    # in float64 whatever the dtype (float32's tanh approximation cancels near 0)
+    return _tanhshrink64(np.float64(z))
+
+
+@jit(inline="always")
+def _tanhshrink_d(z):
+    x = np.float64(z)
+    v = _tanhshrink64(x)
+    t = x - v
+    return v, t * t
+
+
+@jit(inline="always")
+def _softsign(z):
+    return z / (_one(z) + abs(z))
+
+
+@jit(inline="always")
+def _softsign_d(z):
+    q = _one(z) / (_one(z) + abs(z))
+    return z * q, q * q
+
+
+@jit(inline="always")
+def _mish_parts(z):
+    # t = tanh(softplus(z)) = n / (n + 2) with n = e (e + 2), e = exp(z), and 1 - t from
+    # the same quotient: no tanh, whose float32 approximation leaves 1 - t^2 ~ 1e-7 at
+    # large z (times z in the slope); u = exp(-|z|) <= 1, so nothing overflows.
+    one = _one(z)
+    u = math.exp(-abs(z))
+    if z > 0:  # n / e^2 = 1 + 2u
+        num = one + 2 * u
+        den = num + 2 * u * u
+        return num / den, 2 * u * u / den
+    num = u * (u + 2)
+    den = num + 2
+    return num / den, 2 / den
+
+
+@jit(inline="always")
+def _mish(z):
+    return z * _mish_parts(z)[0]
+
+
+@jit(inline="always")
+def _mish_d(z):
+    t, om = _mish_parts(z)
+    return z * t, t + z * om * (_one(z) + t) * sigmoid(z)
+
+
+_SQRT1_2 = math.sqrt(0.5)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+@jit(inline="always")
+def _gelu_erf(z):
+    # erfc(-z / sqrt 2) = 1 + erf(z / sqrt 2), accurate also where that sum cancels (z << 0)
+    return z * math.erfc(-_SQRT1_2 * z) / 2
+
+
+@jit(inline="always")
+def _gelu_erf_d(z):
+    c = math.erfc(-_SQRT1_2 * z) / 2
+    return z * c, c + z * _INV_SQRT_2PI * math.exp(-z * z / 2)
+
+
 # ---------------------------------------------------------------- the table
 
 
 class Formula(NamedTuple):
     """An activation as a formula over a math namespace ``m`` (``m.tanh``, ``m.sigmoid``,
-    ``m.exp``, ``m.log1p``, ``m.expm1``, ``m.abs``, ``m.maximum``, ``m.where(c, a, b)``):
-    ``value(z, m)`` and its derivative ``slope(z, a, m)``, which may use the value ``a``."""
+    ``m.exp``, ``m.log1p``, ``m.expm1``, ``m.erfc``, ``m.abs``, ``m.maximum``,
+    ``m.where(c, a, b)``): ``value(z, m)`` and its derivative ``slope(z, a, m)``, which may
+    use the value ``a``. An activation with constants takes them after ``m``, with their
+    defaults: ``value(z, m, c0, c1)``, ``slope(z, a, m, c0, c1)``."""
 
     value: Callable
     slope: Callable
@@ -261,10 +468,14 @@ class Formula(NamedTuple):
 class Activation:
     """One activation in all its forms (see the module text).
 
-    value, value_slope : numba scalar functions ``z -> a`` and ``z -> (a, da/dz)``;
-    formula : `Formula`; reference : numpy ``z -> (a, da/dz)``;
-    jax : ``(z, jnp, nn) -> a`` (``nn`` is ``jax.nn``), differentiable by JAX with the
-    kernels' derivative at kinks (relu'(0) = 0, elu'(0) = 1).
+    value, value_slope : numba scalar functions ``z -> a`` and ``z -> (a, da/dz)``
+    (``(z, c0, c1)`` for an activation with constants);
+    formula : `Formula`; reference : numpy ``z -> (a, da/dz)`` (``(z, *constants)``);
+    jax : ``(z, jnp, nn) -> a`` (``nn`` is ``jax.nn``; ``(z, jnp, nn, *constants)``),
+    differentiable by JAX with the kernels' derivative at kinks (relu'(0) = 0, elu'(0) =
+    alpha, PyTorch's conventions);
+    constants : ``((name, default), ...)``, at most two, named as PyTorch's keyword
+    arguments (``negative_slope``, ``alpha``, ``min_val``, ``max_val``).
     """
 
     name: str
@@ -274,6 +485,11 @@ class Activation:
     formula: Formula
     reference: Callable
     jax: Callable
+    constants: tuple = ()
+
+    @property
+    def defaults(self):
+        return tuple(v for _, v in self.constants)
 
 
 def _np_sigmoid(z):
@@ -286,13 +502,71 @@ def _np_gelu(z):
         1 + 3 * 0.044715 * z**2)
 
 
-def _np_elu(z):
-    v = np.where(z > 0, z, np.expm1(np.minimum(z, 0)))
-    return v, np.where(z > 0, 1.0, v + 1)
+def _np_elu(z, alpha=1.0):
+    v = np.where(z > 0, z, alpha * np.expm1(np.minimum(z, 0)))
+    return v, np.where(z > 0, 1.0, v + alpha)
+
+
+def _np_celu(z, alpha=1.0):
+    e = np.minimum(z, 0) / alpha
+    return np.where(z > 0, z, alpha * np.expm1(e)), np.where(z > 0, 1.0, np.exp(e))
+
+
+def _np_selu(z):
+    e = np.minimum(z, 0)
+    return (np.where(z > 0, _SELU_SCALE * z, _SELU_SA * np.expm1(e)),
+            np.where(z > 0, _SELU_SCALE, _SELU_SA * np.exp(e)))
+
+
+def _np_hardswish(z):
+    return (z * np.clip(z + 3, 0, 6) / 6,
+            np.where(z <= -3, 0.0, np.where(z < 3, z / 3 + 0.5, 1.0)))
+
+
+# z - tanh(z) = sum_k c_k z^(2k+3) (Taylor series; the terms fall by ~0.004 at |z| = 0.1)
+_TANHSHRINK_SERIES = (1 / 3, -2 / 15, 17 / 315, -62 / 2835, 1382 / 155925, -21844 / 6081075,
+                      929569 / 638512875, -6404582 / 10854718875)
+
+
+def _np_tanhshrink(z):
+    t = np.tanh(z)
+    series = sum(c * z ** (2 * k + 3) for k, c in enumerate(_TANHSHRINK_SERIES))
+    return np.where(np.abs(z) < 0.1, series, z - t), t * t
+
+
+def _np_mish(z):
+    t = np.tanh(np.logaddexp(0, z))
+    return z * t, t + z * (1 - t * t) * _np_sigmoid(z)
+
+
+def _np_gelu_erf(z):
+    from math import erfc
+
+    c = 0.5 * np.vectorize(erfc, otypes=[float])(-_SQRT1_2 * z)
+    return z * c, c + z * _INV_SQRT_2PI * np.exp(-z * z / 2)
 
 
 def _gelu_inner(z, m):
     return m.tanh(_GELU_C * (z + 0.044715 * z * z * z))
+
+
+def _unit(z, lo, hi, m):
+    """1 on lo < z < hi, else 0 (the slope of a clamp)."""
+    return m.where(z > lo, m.where(z < hi, 1.0, 0.0), 0.0)
+
+
+def _clamp_f(z, lo, hi, m):
+    return m.where(z < lo, lo, m.where(z > hi, hi, z))
+
+
+def _jclamp(z, lo, hi, jnp):
+    # slope 0 at the ends (PyTorch's hardtanh), unlike jnp.clip's
+    return jnp.where(z <= lo, lo + 0 * z, jnp.where(z >= hi, hi + 0 * z, z))
+
+
+def _jneg(z, jnp):
+    """min(z, 0) without a NaN gradient from exp/expm1 of large z in the untaken branch."""
+    return jnp.where(z > 0, jnp.zeros_like(z), z)
 
 
 TABLE = (
@@ -329,40 +603,135 @@ TABLE = (
                        lambda z, a, m: m.sigmoid(z) * (1.0 + z * (1.0 - m.sigmoid(z)))),
                lambda z: (z * _np_sigmoid(z), _np_sigmoid(z) * (1 + z * (1 - _np_sigmoid(z)))),
                lambda z, jnp, nn: z * nn.sigmoid(z)),
-    Activation("elu", 7, _elu, _elu_d,  # alpha = 1
-               Formula(lambda z, m: m.where(z > 0, z, m.expm1(z)),
-                       lambda z, a, m: m.where(z > 0, 1.0, a + 1.0)),
+    Activation("elu", 7, _elu_c, _elu_c_d,
+               Formula(lambda z, m, alpha=1.0: m.where(z > 0, z, alpha * m.expm1(z)),
+                       lambda z, a, m, alpha=1.0: m.where(z > 0, 1.0, a + alpha)),
                _np_elu,
-               # expm1 only sees z <= 0 (no overflow, no NaN gradient)
-               lambda z, jnp, nn: jnp.where(z > 0, z, jnp.expm1(
-                   jnp.where(z > 0, jnp.zeros_like(z), z)))),
+               lambda z, jnp, nn, alpha=1.0: jnp.where(z > 0, z, alpha * jnp.expm1(
+                   _jneg(z, jnp))),
+               (("alpha", 1.0),)),
     Activation("rbf", 8, _rbf, _rbf_d,
                Formula(lambda z, m: m.exp(-z * z), lambda z, a, m: -2.0 * z * a),
                lambda z: (np.exp(-z**2), -2 * z * np.exp(-z**2)),
                lambda z, jnp, nn: jnp.exp(-z * z)),
+    Activation("relu6", 9, _relu6, _relu6_d,
+               Formula(lambda z, m: _clamp_f(z, 0.0, 6.0, m),
+                       lambda z, a, m: _unit(z, 0.0, 6.0, m)),
+               lambda z: (np.clip(z, 0, 6), ((z > 0) & (z < 6)).astype(float)),
+               lambda z, jnp, nn: _jclamp(z, 0.0, 6.0, jnp)),
+    Activation("hardtanh", 10, _hardtanh, _hardtanh_d,
+               Formula(lambda z, m, lo=-1.0, hi=1.0: _clamp_f(z, lo, hi, m),
+                       lambda z, a, m, lo=-1.0, hi=1.0: _unit(z, lo, hi, m)),
+               lambda z, lo=-1.0, hi=1.0: (np.clip(z, lo, hi),
+                                           ((z > lo) & (z < hi)).astype(float)),
+               lambda z, jnp, nn, lo=-1.0, hi=1.0: _jclamp(z, lo, hi, jnp),
+               (("min_val", -1.0), ("max_val", 1.0))),
+    Activation("hardswish", 11, _hardswish, _hardswish_d,
+               Formula(lambda z, m: z * _clamp_f(z + 3.0, 0.0, 6.0, m) / 6.0,
+                       lambda z, a, m: m.where(z > -3.0, m.where(z < 3.0, z / 3.0 + 0.5, 1.0),
+                                               0.0)),
+               _np_hardswish,
+               lambda z, jnp, nn: jnp.where(z <= -3, jnp.zeros_like(z), jnp.where(
+                   z < 3, z * (z + 3) / 6, z))),
+    Activation("hardsigmoid", 12, _hardsigmoid, _hardsigmoid_d,
+               Formula(lambda z, m: _clamp_f(z + 3.0, 0.0, 6.0, m) / 6.0,
+                       lambda z, a, m: _unit(z, -3.0, 3.0, m) / 6.0),
+               lambda z: (np.clip(z + 3, 0, 6) / 6, ((z > -3) & (z < 3)) / 6.0),
+               lambda z, jnp, nn: _jclamp(z + 3, 0.0, 6.0, jnp) / 6),
+    Activation("selu", 13, _selu, _selu_d,
+               Formula(lambda z, m: m.where(z > 0, _SELU_SCALE * z, _SELU_SA * m.expm1(z)),
+                       lambda z, a, m: m.where(z > 0, _SELU_SCALE, _SELU_SA * m.exp(z))),
+               _np_selu,
+               lambda z, jnp, nn: jnp.where(z > 0, _SELU_SCALE * z, _SELU_SA * jnp.expm1(
+                   _jneg(z, jnp)))),
+    Activation("leaky_relu", 14, _leaky_relu, _leaky_relu_d,
+               Formula(lambda z, m, s=0.01: m.where(z > 0, z, s * z),
+                       lambda z, a, m, s=0.01: m.where(z > 0, 1.0, s)),
+               lambda z, s=0.01: (np.where(z > 0, z, s * z), np.where(z > 0, 1.0, s)),
+               lambda z, jnp, nn, s=0.01: jnp.where(z > 0, z, s * z),
+               (("negative_slope", 0.01),)),
+    Activation("logsigmoid", 15, _logsigmoid, _logsigmoid_d,
+               Formula(lambda z, m: m.where(z < 0, z, 0.0) - m.log1p(m.exp(-m.abs(z))),
+                       lambda z, a, m: m.sigmoid(-z)),
+               lambda z: (-np.logaddexp(0, -z), _np_sigmoid(-z)),
+               lambda z, jnp, nn: nn.log_sigmoid(z)),
+    Activation("tanhshrink", 16, _tanhshrink, _tanhshrink_d,
+               Formula(lambda z, m: z - m.tanh(z), lambda z, a, m: (z - a) ** 2),
+               _np_tanhshrink,
+               lambda z, jnp, nn: z - jnp.tanh(z)),
+    Activation("softsign", 17, _softsign, _softsign_d,
+               Formula(lambda z, m: z / (1.0 + m.abs(z)), lambda z, a, m: 1.0 / (
+                   1.0 + m.abs(z)) ** 2),
+               lambda z: (z / (1 + np.abs(z)), 1 / (1 + np.abs(z)) ** 2),
+               lambda z, jnp, nn: z / (1 + jnp.abs(z))),
+    Activation("mish", 18, _mish, _mish_d,
+               Formula(lambda z, m: z * m.tanh(m.log1p(m.exp(-m.abs(z))) + m.maximum(z, 0.0)),
+                       lambda z, a, m: _mish_slope(z, m)),
+               _np_mish,
+               lambda z, jnp, nn: z * jnp.tanh(jnp.logaddexp(z, jnp.zeros_like(z)))),
+    Activation("celu", 19, _celu, _celu_d,
+               Formula(lambda z, m, alpha=1.0: m.where(z > 0, z, alpha * m.expm1(z / alpha)),
+                       lambda z, a, m, alpha=1.0: m.where(z > 0, 1.0, m.exp(z / alpha))),
+               _np_celu,
+               lambda z, jnp, nn, alpha=1.0: jnp.where(z > 0, z, alpha * jnp.expm1(
+                   _jneg(z, jnp) / alpha)),
+               (("alpha", 1.0),)),
+    Activation("gelu_erf", 20, _gelu_erf, _gelu_erf_d,  # PyTorch's default gelu
+               Formula(lambda z, m: 0.5 * z * m.erfc(-_SQRT1_2 * z),
+                       lambda z, a, m: 0.5 * m.erfc(-_SQRT1_2 * z) + z * _INV_SQRT_2PI * m.exp(
+                           -0.5 * z * z)),
+               _np_gelu_erf,
+               lambda z, jnp, nn: nn.gelu(z, approximate=False)),
 )
 assert all(a.code == i for i, a in enumerate(TABLE))
+
+
+def _mish_slope(z, m):
+    t = m.tanh(m.log1p(m.exp(-m.abs(z))) + m.maximum(z, 0.0))
+    return t + z * (1.0 - t * t) * m.sigmoid(z)
+
 
 BUILTIN = tuple(a.name for a in TABLE)
 CODES = {a.name: a.code for a in TABLE}
 BY_NAME = {a.name: a for a in TABLE}
 FORMULAS = {a.name: a.formula for a in TABLE}
 
-# The compiled dispatch below reads the table's numba columns.
-_KERNELS = tuple((a.code, a.value, a.value_slope) for a in TABLE)
+
+def _takes_constants(fn):
+    return fn.py_func.__code__.co_argcount == 3
 
 
-def _apply(value, value_slope, buf, zo, do, n, need_d):
+# The compiled dispatch below reads the table's numba columns, with the constants'
+# defaults (zeros for an activation without constants).
+_KERNELS = tuple((a.code, a.value, a.value_slope, *(a.defaults + (0.0, 0.0))[:2])
+                 for a in TABLE)
+
+
+def _apply(value, value_slope, c0, c1, buf, zo, do, n, need_d):
     """One row through one activation (compiled only: see its overload)."""
 
 
 @overload(_apply, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
-def _apply_overload(value, value_slope, buf, zo, do, n, need_d):
+def _apply_overload(value, value_slope, c0, c1, buf, zo, do, n, need_d):
     # The functions from their numba types, as free variables of the loop: numba inlines a
     # free variable's function (a table entry's it would call), so the loop vectorises.
     f, fd = value.dispatcher, value_slope.dispatcher
 
-    def apply(value, value_slope, buf, zo, do, n, need_d):
+    if _takes_constants(f):
+        def apply(value, value_slope, c0, c1, buf, zo, do, n, need_d):
+            k0, k1 = buf.dtype.type(c0), buf.dtype.type(c1)
+            z = buf[zo:zo + n]
+            if need_d:
+                d = buf[do:do + n]
+                for j in range(n):
+                    z[j], d[j] = fd(z[j], k0, k1)
+            else:
+                for j in range(n):
+                    z[j] = f(z[j], k0, k1)
+
+        return apply
+
+    def apply(value, value_slope, c0, c1, buf, zo, do, n, need_d):
         z = buf[zo:zo + n]
         if need_d:
             d = buf[do:do + n]
@@ -375,18 +744,33 @@ def _apply_overload(value, value_slope, buf, zo, do, n, need_d):
     return apply
 
 
+# Each constant's default per code (zeros where an activation has none).
+_DEFAULT0 = tuple(float(e[3]) for e in _KERNELS)
+_DEFAULT1 = tuple(float(e[4]) for e in _KERNELS)
+
+
 @jit
-def activate_row(code, buf, zo, do, n, need_d):
-    """Apply activation `code` to buf[zo:zo+n] in place; derivative to buf[do:do+n].
+def activate_row_c(code, c0, c1, buf, zo, do, n, need_d):
+    """Apply activation `code` with the constants ``c0, c1`` (float64; see
+    `Activation.constants`; ignored by an activation without them) to buf[zo:zo+n] in
+    place; derivative to buf[do:do+n].
 
     The branch on `code` sits outside the element loops (one loop per table
     row, unrolled at compile time), so each loop is a straight vectorisable body.
     """
     for entry in literal_unroll(_KERNELS):
         if code == entry[0] and (need_d or code != 0):  # identity's value: nothing to do
-            _apply(entry[1], entry[2], buf, zo, do, n, need_d)
+            _apply(entry[1], entry[2], c0, c1, buf, zo, do, n, need_d)
 
 
-def reference(name, z):
+@jit
+def activate_row(code, buf, zo, do, n, need_d):
+    """`activate_row_c` with each constant at its default (one compiled copy of the table
+    serves both)."""
+    if 0 <= code < len(_DEFAULT0):
+        activate_row_c(code, _DEFAULT0[code], _DEFAULT1[code], buf, zo, do, n, need_d)
+
+
+def reference(name, z, *constants):
     """Plain numpy value and derivative of a builtin activation (for tests)."""
-    return BY_NAME[name].reference(np.asarray(z, dtype=np.float64))
+    return BY_NAME[name].reference(np.asarray(z, dtype=np.float64), *constants)

@@ -31,7 +31,9 @@ import numpy as np
 
 from . import activations as _act
 from .chain import Chain
+from .layers import Context, Layer
 from .registry import is_builtin
+from .rng import layer_key
 
 __all__ = ["apply", "params_to_pytree", "pytree_to_params", "ACTIVATIONS"]
 
@@ -71,7 +73,8 @@ def _check_p(chain, p, fname):
 
 
 def params_to_pytree(chain, p):
-    """Per-layer ``(W, b)`` pairs sliced from the flat vector `p`.
+    """Per-layer ``(W, b)`` pairs sliced from the flat vector `p` (Dense chains); for other
+    chains, per layer a dict name -> array shaped as its `param_shapes`.
 
     Parameters
     ----------
@@ -90,6 +93,9 @@ def params_to_pytree(chain, p):
     _check_p(chain, p, "params_to_pytree")
     _, jnp = _jax()
     p = jnp.asarray(p)
+    if not chain.is_dense:
+        return [Layer.unpack(L.layer.param_shapes(L.in_shape), p[L.poff:L.poff + L.n_params])
+                for L in chain._plan]
     out = []
     for nin, nout, _, woff, boff in chain.meta.tolist():
         W = p[woff:woff + nin * nout].reshape(nout, nin)
@@ -113,6 +119,20 @@ def pytree_to_params(chain, tree):
     """
     _check_chain(chain, "pytree_to_params")
     _, jnp = _jax()
+    if not chain.is_dense:
+        if len(tree) != len(chain.layers):
+            raise ValueError(f"nets.jax.pytree_to_params: `tree` has {len(tree)} layers, "
+                             f"the chain has {len(chain.layers)}")
+        parts = []
+        for l, (arrays, L) in enumerate(zip(tree, chain._plan)):
+            for name, shape in L.layer.param_shapes(L.in_shape):
+                a = arrays.get(name) if isinstance(arrays, dict) else None
+                if a is None or tuple(a.shape) != tuple(shape):
+                    raise ValueError(f"nets.jax.pytree_to_params: layer {l} needs {name!r} of "
+                                     f"shape {tuple(shape)}, got "
+                                     f"{None if a is None else tuple(a.shape)}")
+                parts.append(jnp.ravel(a))
+        return jnp.concatenate(parts) if parts else jnp.zeros(0)
     if len(tree) != len(chain.layers):
         raise ValueError(f"nets.jax.pytree_to_params: `tree` has {len(tree)} layers, "
                          f"the chain has {len(chain.layers)}")
@@ -134,12 +154,16 @@ def pytree_to_params(chain, tree):
 
 
 def _resolve(chain, activations):
-    """One JAX function per layer; custom activations only from `activations`."""
+    """One JAX function per layer (None: no activation); custom activations only from
+    `activations`."""
     extra = {} if activations is None else dict(activations)
     fns = []
     for l, layer in enumerate(chain.layers):
-        name = layer.activation
-        if name in extra:
+        name = getattr(layer, "activation", None)
+        if name is None or (name == "identity" and not chain.is_dense
+                            and name not in extra):
+            fns.append(None)
+        elif name in extra:
             fns.append(extra[name])
         elif is_builtin(name):
             fns.append(_activation(name))
@@ -152,7 +176,7 @@ def _resolve(chain, activations):
     return fns
 
 
-def apply(chain, p, x, *, activations=None):
+def apply(chain, p, x, *, activations=None, state=None, training=False, seed=0):
     """Evaluate `chain` at `x` in JAX: the same function as ``chain(x, p)``.
 
     Parameters
@@ -164,15 +188,20 @@ def apply(chain, p, x, *, activations=None):
         Flat parameters, numpy or JAX (float32 or float64).
     x : array, (n_in,) or (N, n_in)
         One sample or a batch (batch first). Cast to the dtype of `p`, like
-        ``chain(x, p)`` does.
+        ``chain(x, p)`` does. Other chains: ``chain.in_shape`` or (N, *in_shape).
     activations : dict, optional
         ``{name: fn}``, JAX functions for custom activations (elementwise,
         applied to the pre-activation); also overrides builtin names.
 
+    state, training, seed
+        As in ``chain(x, p, ...)`` for chains with running statistics or random
+        masks (state default: ``chain.default_state(dtype)``; read, never updated).
+
     Returns
     -------
     jax.Array
-        ``(n_out,)`` or ``(N, n_out)``, dtype of `p`.
+        ``(n_out,)`` or ``(N, n_out)``, dtype of `p` (other chains: ``out_shape`` or
+        ``(N, *out_shape)``).
 
     Raises
     ------
@@ -190,6 +219,8 @@ def apply(chain, p, x, *, activations=None):
     fns = _resolve(chain, activations)
     layers = params_to_pytree(chain, p)
     _, jnp = _jax()
+    if not chain.is_dense:
+        return _apply_layers(chain, layers, fns, p, x, state, training, seed)
     dtype = layers[0][0].dtype
     h = jnp.asarray(x, dtype=dtype)
     if h.ndim not in (1, 2) or h.shape[-1] != chain.n_in:
@@ -201,3 +232,26 @@ def apply(chain, p, x, *, activations=None):
             z = z + b
         h = act(z)
     return h
+
+
+def _apply_layers(chain, layers, fns, p, x, state, training, seed):
+    """`apply` for chains on the per-layer path: each layer's own `jax_apply`."""
+    _, jnp = _jax()
+    dtype = jnp.asarray(p).dtype
+    h = jnp.asarray(x, dtype=dtype)
+    one = tuple(h.shape) == chain.in_shape
+    if one:
+        h = h[None]
+    if tuple(h.shape[1:]) != chain.in_shape:
+        raise ValueError(f"nets.jax.apply: `x` must have shape {chain.in_shape} or "
+                         f"(N, {', '.join(map(str, chain.in_shape))}), got "
+                         f"{tuple(np.shape(x))}")
+    s = chain.default_state(np.dtype(dtype)) if state is None else state
+    s = jnp.asarray(s, dtype=dtype)
+    for l, (L, params, act) in enumerate(zip(chain._plan, layers, fns)):
+        st = Layer.unpack(L.layer.state_shapes(L.in_shape), s[L.soff:L.soff + L.n_state])
+        ctx = Context(training, layer_key(seed, 0, l), 1, l)
+        h = L.layer.jax_apply(params, st, h, ctx)
+        if act is not None:
+            h = act(h)
+    return h[0] if one else h

@@ -4,11 +4,20 @@ Builtin activations run in the disk-cached kernels. Registering a custom
 activation builds one extra kernel set that dispatches to the user's numba
 functions; it is compiled in the process that uses it (numba cannot cache a
 kernel keyed on a user's function), so its first call takes a few seconds.
+
+Builtins with constants (PyTorch's keyword arguments: ``leaky_relu``'s
+``negative_slope``, ``elu``'s and ``celu``'s ``alpha``, ``hardtanh``'s ``min_val``
+and ``max_val``) are named with them, ``"elu(alpha=2.0)"`` (`spec` writes the
+canonical name); the bare name means PyTorch's defaults. They run in the same
+disk-cached kernels, which take the constants as data (`resolve`,
+`nets.activations.activate_row_c`).
 """
+
+import re
 
 import numba
 
-from .activations import BUILTIN, CODES, activate_row
+from .activations import BUILTIN, BY_NAME, CODES, Formula, activate_row
 
 _custom = {}  # name -> (code, value_fn, deriv_fn, second_fn or None)
 _kernels = {}  # frozenset of custom names -> recompiled kernel namespace
@@ -19,17 +28,112 @@ def names():
     return list(BUILTIN) + list(_custom)
 
 
+def _unknown(name):
+    return ValueError(f"unknown activation {name!r}; known: {', '.join(names())} "
+                      "(add one with nets.register_activation)")
+
+
+_SPEC = re.compile(r"^([a-z_0-9]+)\((.*)\)$")
+
+
+def _parse(name):
+    """(builtin Activation, constants) of a builtin name with or without constants, or None."""
+    if name in BY_NAME:
+        return BY_NAME[name], BY_NAME[name].defaults
+    m = _SPEC.match(name) if isinstance(name, str) else None
+    if m is None or m.group(1) not in BY_NAME:
+        return None
+    act = BY_NAME[m.group(1)]
+    known = dict(act.constants)
+    given = {}
+    for item in filter(None, (s.strip() for s in m.group(2).split(","))):
+        key, eq, val = item.partition("=")
+        key = key.strip()
+        if not eq or key not in known:
+            raise ValueError(f"activation {name!r}: {act.name} takes "
+                             + (f"the constants {', '.join(known)}" if known else "no constants")
+                             + f", got {item!r}")
+        try:
+            given[key] = float(val)
+        except ValueError:
+            raise ValueError(f"activation {name!r}: `{key}` must be a number, "
+                             f"got {val.strip()!r}") from None
+    if act.name == "celu" and given.get("alpha", 1.0) == 0.0:
+        raise ValueError(f"activation {name!r}: celu's alpha must not be 0")
+    return act, tuple(given.get(k, v) for k, v in act.constants)
+
+
+def spec(name, **constants):
+    """The canonical name of builtin `name` with `constants` (PyTorch's keywords), e.g.
+    ``spec("elu", alpha=2.0) == "elu(alpha=2.0)"``; the bare name when all are defaults."""
+    if name not in BY_NAME:
+        raise _unknown(name)
+    act = BY_NAME[name]
+    known = dict(act.constants)
+    for key in constants:
+        if key not in known:
+            raise ValueError(f"activation {name!r} takes "
+                             + (f"the constants {', '.join(known)}" if known else "no constants")
+                             + f", got {key!r}")
+    vals = [float(constants.get(k, v)) for k, v in act.constants]
+    if tuple(vals) == act.defaults:
+        return name
+    return f"{name}({', '.join(f'{k}={v!r}' for (k, _), v in zip(act.constants, vals))})"
+
+
+def resolve(name):
+    """``(code, c0, c1)``: what the kernels run for activation `name` (`activate_row_c`)."""
+    parsed = _parse(name)
+    if parsed is not None:
+        act, consts = parsed
+        c = (consts + (0.0, 0.0))[:2]
+        return act.code, float(c[0]), float(c[1])
+    if name in _custom:
+        return _custom[name][0], 0.0, 0.0
+    raise _unknown(name)
+
+
 def code(name):
-    if name in CODES:
-        return CODES[name]
+    """The kernels' code of activation `name`; constants other than the defaults are
+    refused here (a caller that passes them on uses `resolve`)."""
+    parsed = _parse(name)
+    if parsed is not None:
+        act, consts = parsed
+        if consts != act.defaults:
+            raise ValueError(f"activation {name!r}: constants other than the defaults need a "
+                             f"kernel that takes them (nets.registry.resolve); here use "
+                             f"{act.name!r}")
+        return act.code
     if name in _custom:
         return _custom[name][0]
-    raise ValueError(f"unknown activation {name!r}; known: {', '.join(names())} "
-                     "(add one with nets.register_activation)")
+    raise _unknown(name)
+
+
+def formula(name):
+    """The `nets.activations.Formula` of builtin `name`, its constants bound."""
+    parsed = _parse(name)
+    if parsed is None:
+        raise ValueError(f"{name!r} is not a builtin activation")
+    act, consts = parsed
+    f = act.formula
+    return Formula(lambda z, m: f.value(z, m, *consts), lambda z, a, m: f.slope(z, a, m, *consts))
+
+
+def constants(name):
+    """The constants of builtin `name` as a dict (PyTorch's keywords), defaults filled in."""
+    parsed = _parse(name)
+    if parsed is None:
+        raise ValueError(f"{name!r} is not a builtin activation")
+    act, consts = parsed
+    return dict(zip((k for k, _ in act.constants), consts))
 
 
 def is_builtin(name):
-    return name in CODES
+    """Whether `name` is a builtin activation (with or without constants)."""
+    try:
+        return _parse(name) is not None
+    except ValueError:
+        return False
 
 
 def name_of(c):
@@ -59,8 +163,9 @@ def register_activation(name, value, derivative, second=None):
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"register_activation: `name` must be a non-empty str, got {name!r}")
-    if name in CODES:
-        raise ValueError(f"register_activation: {name!r} is a builtin activation")
+    if name in CODES or _SPEC.match(name):
+        raise ValueError(f"register_activation: {name!r} is a builtin activation or has the "
+                         "form of one with constants, name(key=value)")
     fns = []
     for arg, fn in (("value", value), ("derivative", derivative), ("second", second)):
         if fn is None and arg == "second":

@@ -12,6 +12,7 @@ import os
 import numba
 import numpy as np
 
+from . import layerwise
 from ._checks import as_float_array, check_finite, check_params
 from ._config import Threads
 from .chain import Chain
@@ -44,14 +45,25 @@ def _prepare(chain, p, X, Y, loss):
         raise TypeError(f"`chain` must be a nets.Chain, got {type(chain).__name__}")
     check_params(p, chain.n_params)
     loss = check_loss(loss)
-    X = as_float_array("X", X, dtype=p.dtype, ndim=2)
-    if X.shape[1] != chain.n_in or X.shape[0] < 1:
-        raise ValueError(f"`X` must have shape (N, {chain.n_in}) with N >= 1, got {X.shape}")
+    if not chain.is_dense:
+        X = as_float_array("X", X, dtype=p.dtype)
+        if X.shape[1:] != chain.in_shape or X.shape[0] < 1:
+            raise ValueError(f"`X` must have shape (N, {', '.join(map(str, chain.in_shape))}) "
+                             f"with N >= 1 (the chain's input shape {chain.in_shape}, batch "
+                             f"first), got {X.shape}")
+    else:
+        X = as_float_array("X", X, dtype=p.dtype, ndim=2)
+        if X.shape[1] != chain.n_in or X.shape[0] < 1:
+            raise ValueError(f"`X` must have shape (N, {chain.n_in}) with N >= 1, "
+                             f"got {X.shape}")
     check_finite("X", X)
     X = np.ascontiguousarray(X)
     T = loss.targets(Y, X.shape[0], chain.n_out, p.dtype)
     if not np.all(np.isfinite(p)):
         raise ValueError("`p` contains NaN or Inf")
+    if not chain.is_dense:
+        # The per-layer path reads samples batch-first: rows of (N, n_in).
+        return loss, X.reshape(X.shape[0], -1), np.ascontiguousarray(T)
     # The kernels read samples feature-major: transpose once, not per step.
     return loss, np.ascontiguousarray(X.T), np.ascontiguousarray(T.T)
 
@@ -62,18 +74,23 @@ def _scale(loss, n, n_out):
     return 1.0 / (n * (n_out if loss.code != 2 else 1))
 
 
-def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None):
+def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None, *, state=None,
+                  training=True, seed=0):
     """Loss of `chain` on (X, Y) and its gradient with respect to `p`.
 
     Parameters
     ----------
     chain : Chain
     p : ndarray, (n_params,)
-    X : array, (N, n_in)
+    X : array, (N, n_in) (other than Dense chains: (N, *chain.in_shape))
     Y : array, (N, n_out) (integer labels (N,) for `LogitCrossEntropyLoss`)
     loss : Loss
     threads : int, optional
         Threads to split the batch over (default: all numba threads).
+    state, training, seed
+        Chains with running statistics or Dropout (see `Chain`): the state vector
+        (default: the chain's own; updated in training mode), the mode (default
+        training) and the seed of random masks. Dense chains ignore them.
 
     Returns
     -------
@@ -81,6 +98,10 @@ def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None):
     grad : ndarray, (n_params,), dtype of `p`
     """
     loss, XT, TT = _prepare(chain, p, X, Y, loss)
+    if not chain.is_dense:
+        st = chain._state(state, p.dtype)
+        with Threads(threads):
+            return layerwise.loss_and_grad(chain, p, XT, TT, loss, st, seed, training)
     k = chain._kernels
     n = XT.shape[1]
     with Threads(threads) as nt:
@@ -92,7 +113,8 @@ def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None):
 
 
 def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs=None,
-          batch_size=None, seed=0, threads=None, progress=False, callback=None):
+          batch_size=None, seed=0, threads=None, progress=False, callback=None, *,
+          state=None):
     """Fit `p` (updated in place) to (X, Y).
 
     Either ``iters=`` full-batch steps, or ``epochs=`` passes of shuffled
@@ -105,7 +127,10 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
         With `LBFGS`, `iters` defaults to ``optimizer.iters`` and the history
         is the loss after each L-BFGS iteration.
     seed : int
-        Seed of the minibatch shuffle.
+        Seed of the minibatch shuffle (and of the layers' random masks).
+    state : ndarray, optional
+        Chains with running statistics: the state vector updated while training
+        (default: the chain's own, ``chain.default_state(p.dtype)``).
     progress : bool
         Show a progress bar with the loss.
     callback : callable, optional
@@ -151,6 +176,9 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
         raise TypeError(f"train: `optimizer` must be nets.Adam, AdamW, SGD or LBFGS, "
                         f"got {optimizer!r}")
     optimizer._ready(p)
+    if not chain.is_dense:
+        return _train_layerwise(chain, p, XT, TT, loss, optimizer, iters, epochs, batch_size,
+                                seed, threads, progress, callback, state)
 
     k = chain._kernels
     hyper = optimizer.hyper()
@@ -193,6 +221,28 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
                         break
     except KeyboardInterrupt:
         pass  # keep what was reached; `p` is already updated in place
+    finally:
+        if bar is not None:
+            bar.close()
+    return np.concatenate(out) if out else np.empty(0)
+
+
+def _train_layerwise(chain, p, X2, T, loss, optimizer, iters, epochs, batch_size, seed,
+                     threads, progress, callback, state):
+    st = chain._state(state, p.dtype)
+    bar = _bar(progress, epochs if epochs is not None else iters)
+    out = []
+    try:
+        with Threads(threads):
+            if epochs is not None:
+                out = layerwise.train_epochs(chain, p, X2, T, loss, optimizer, epochs,
+                                             batch_size, seed, st, bar, callback, _tick, out)
+            else:
+                block = iters if not (progress or callback) else max(1, iters // 100)
+                out = layerwise.train_iters(chain, p, X2, T, loss, optimizer, iters, seed, st,
+                                            bar, callback, _tick, block, out)
+    except KeyboardInterrupt:
+        pass
     finally:
         if bar is not None:
             bar.close()

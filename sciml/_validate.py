@@ -104,14 +104,17 @@ _ATOLS = {}
 
 
 def atol_vector(atol, n):
-    """``np.full(n, atol)``, shared between calls (never written to)."""
+    """``np.full(n, atol)``, shared between calls (never written to).
+
+    Left writeable: a read-only array is another numba type, and every compiled loop
+    would be compiled a second time for it (check_atol's arrays are writeable).
+    """
     key = (atol, n)
     a = _ATOLS.get(key)
     if a is None:
         if len(_ATOLS) > 256:
             _ATOLS.clear()
         a = _ATOLS[key] = np.full(n, atol)
-        a.flags.writeable = False
     return a
 
 

@@ -315,7 +315,7 @@ class _Function:
     _LIBM = {sympy.tan: "tan", sympy.asin: "asin", sympy.acos: "acos", sympy.atan: "atan",
              sympy.sinh: "sinh", sympy.cosh: "cosh", sympy.asinh: "asinh",
              sympy.acosh: "acosh", sympy.atanh: "atanh", expm1: "expm1", log1p: "log1p",
-             sympy.atan2: "atan2"}
+             sympy.atan2: "atan2", sympy.erfc: "erfc"}
 
     def _function(self, e):
         f = type(e)

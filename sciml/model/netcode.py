@@ -59,6 +59,7 @@ class _Sym:
     tanh = staticmethod(sympy.tanh)
     sigmoid = staticmethod(sigmoid)
     exp = staticmethod(sympy.exp)
+    erfc = staticmethod(sympy.erfc)
     abs = staticmethod(sympy.Abs)
 
     @staticmethod

@@ -35,7 +35,9 @@ def scipy_ref(prob, t):
 def test_lotka_volterra_vs_scipy(cls):
     prob = lv_prob()
     t = np.linspace(0, 10, 101)
-    sol = solve(prob, cls(), rtol=1e-10, atol=1e-10, saveat=t)
+    # dense=True: the general loop (one compiled loop for every tableau); the lean path's
+    # per-tableau entry points are checked against it in test_solve_lean.py
+    sol = solve(prob, cls(), rtol=1e-10, atol=1e-10, saveat=t, dense=True)
     assert sol.success and sol.status == "success" and sol.status_code == 0
     np.testing.assert_array_equal(sol.t, t)
     assert sol.u.shape == (101, 2)

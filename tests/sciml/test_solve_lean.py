@@ -10,7 +10,7 @@ import pytest
 from sciml.problem import ODEProblem
 from sciml.solution import SolveWarning
 from sciml.solve import solve
-from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
+from sciml.solvers.erk import RK4, Tsit5, Vern7
 
 from . import handmade as hm
 
@@ -21,7 +21,9 @@ def lv_prob(tspan=(0.0, 10.0)):
     return ODEProblem(hm.lotka_volterra(), [1.0, 1.0], tspan, LV_P.copy())
 
 
-@pytest.mark.parametrize("cls", [Tsit5, DP5, BS3, Vern7], ids=lambda c: c.__name__)
+# Each tableau's lean entry point is a compile of its own (~15 s cold): two tableaus (one
+# with extra interpolant stages) check the mechanism; the others share its code.
+@pytest.mark.parametrize("cls", [Tsit5, Vern7], ids=lambda c: c.__name__)
 def test_lean_path_agrees_with_the_general_loop(cls):
     prob = lv_prob()
     t = np.linspace(0, 10, 41)
@@ -33,7 +35,7 @@ def test_lean_path_agrees_with_the_general_loop(cls):
     assert lean.t is not t  # a copy
 
 
-@pytest.mark.parametrize("cls", [RK4, Euler], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", [RK4], ids=lambda c: c.__name__)
 def test_lean_path_fixed_step(cls):
     prob = lv_prob(tspan=(0.0, 1.0))
     t = np.linspace(0, 1, 11)

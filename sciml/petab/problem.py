@@ -1,0 +1,1027 @@
+"""`PetabProblem`: a PEtab SciML problem as `sciml` models, problems and data.
+
+How the format maps onto the public machinery:
+
+- The SBML model, with the networks of the right-hand side (hybridization
+  targets replaced by network outputs), becomes one `sciml.Model`; every
+  PEtab observable and its noise formula are observables of it (networks in
+  observables are called there). Initial values are model parameters
+  ``u0_<state>`` so that conditions and networks can set them.
+- Each experiment (split further where measurement rows give the
+  placeholders different values) is an `sciml.ODEProblem` and a
+  `Measurements`; its model parameters are expressions of the estimated
+  parameters and of the outputs of the pre-initialization networks, which
+  are evaluated once per experiment before the solve (``net(x, p)``) with
+  their gradient chained back by ``net.vjp``.
+- The gradient of each experiment is `sciml.loss_and_grad` (exact, by the
+  chosen sensitivity method), mapped back to the estimated parameters
+  through the Jacobian of that per-experiment map.
+"""
+
+import math
+import os
+import re
+
+import numpy as np
+import sympy
+import yaml
+
+from ..gradient import loss_and_grad
+from ..model import Model
+from ..problem import ODEProblem
+from ..solve import solve
+from . import likelihood as lk
+from .errors import PetabError
+from .sbml import TIME, read_sbml, symbol
+from .tables import number, parse_formula, read_table
+
+__all__ = ["PetabProblem", "load"]
+
+_IN = re.compile(r"^(\w+)\.inputs\[(\d+)\](?:\[(\d+)\])?$")
+_OUT = re.compile(r"^(\w+)\.outputs\[(\d+)\]\[(\d+)\]$")
+_PAR = re.compile(r"^(\w+)\.parameters(?:\[(\w+)\](?:\.(\w+))?)?$")
+_PLACEHOLDER = re.compile(r"^(observable|noise)Parameter(\d+)_(\w+)$")
+
+
+def load(problem_yaml, **options):
+    """Read a PEtab SciML problem from its ``problem.yaml``; see `PetabProblem`."""
+    return PetabProblem(problem_yaml, **options)
+
+
+class _Net:
+    """One network of the problem: its graph, where it sits, its parameters' status."""
+
+    def __init__(self, name, net, pre):
+        self.name, self.net, self.pre = name, net, pre
+        self.w0 = np.zeros(net.n_params)              # nominal flat parameters
+        self.level = np.full(net.n_params, -1)        # specificity of the row that set each
+        self.estimated = np.zeros(net.n_params, bool)
+        self.inputs = {}                              # (arg, index or None) -> entity id
+        self.outputs = {}                             # entity id -> flat output index
+        self.chain = None                             # the nets.Chain inside the model
+
+
+class PetabProblem:
+    """A PEtab SciML problem (``problem.yaml``), ready for likelihoods, gradients and fits.
+
+    Parameters
+    ----------
+    problem_yaml : str or path
+    solver : sciml solver, optional
+        Default `sciml.Tsit5()`.
+    sensealg : adjoints method, optional
+        Default ``adjoints.ForwardSensitivity()`` (see `DEFAULT_SENSEALG`).
+    rtol, atol : float
+        Tolerances of the solves (default 1e-8, 1e-10).
+
+    Attributes
+    ----------
+    parameter_names : list of str
+        The estimated parameters in the parameter table's order; a network's
+        estimated entries appear, flattened (``net1.parameters[layer1].weight[0,1]``),
+        where the network's first row is.
+    nominal : ndarray
+        The estimated parameters at their nominal values, on their PEtab scale.
+    lower_bounds, upper_bounds : ndarray
+        On the parameter scale (networks: as the table gives, often infinite).
+    model : sciml.Model
+    """
+
+    #: why the default: the forward sensitivities are integrated with the states under one
+    #: error control, so the gradient is as accurate as the solve even where a ReLU network
+    #: makes the right-hand side kinked (the discrete adjoint differentiates the steps taken,
+    #: whose error grows at the kinks).
+    DEFAULT_SENSEALG = "ForwardSensitivity"
+
+    def __init__(self, problem_yaml, solver=None, sensealg=None, rtol=1e-8, atol=1e-10):
+        import adjoints
+
+        from ..solvers.erk import Tsit5
+
+        self.path = os.fspath(problem_yaml)
+        self.solver = solver if solver is not None else Tsit5()
+        self.sensealg = sensealg if sensealg is not None else adjoints.ForwardSensitivity()
+        self.rtol, self.atol = float(rtol), float(atol)
+        self._read()
+        self._build_model()
+        self._build_simulations()
+
+    # ================================================================== reading
+
+    def _file(self, name):
+        return os.path.join(self.dir, name)
+
+    def _read(self):
+        if not os.path.isfile(self.path):
+            raise PetabError(f"the PEtab problem file {self.path} does not exist")
+        with open(self.path) as f:
+            cfg = yaml.safe_load(f)
+        self.dir = os.path.dirname(os.path.abspath(self.path))
+        if str(cfg.get("format_version", "")).split(".")[0] != "2":
+            raise PetabError(f"{self.path}: format_version {cfg.get('format_version')!r}; "
+                             "PEtab v2 (2.0.0) problems are read")
+
+        def files(key, required=True):
+            out = cfg.get(key) or []
+            if required and not out:
+                raise PetabError(f"{self.path}: `{key}` is missing (a required table)")
+            return [self._file(p) for p in out]
+
+        models = cfg.get("model_files") or {}
+        if len(models) != 1:
+            raise PetabError(f"{self.path}: `model_files` must name one SBML model, got "
+                             f"{len(models)}")
+        (mid, spec), = models.items()
+        if spec.get("language", "sbml") != "sbml":
+            raise PetabError(f"{self.path}: model {mid!r} is in {spec.get('language')!r}; "
+                             "only SBML is read")
+        sbml_path = self._file(spec["location"])
+        if not os.path.isfile(sbml_path):
+            raise PetabError(f"the SBML model {sbml_path} does not exist (named in "
+                             f"{self.path})")
+        self.sbml = read_sbml(sbml_path)
+        sciml = (cfg.get("extensions") or {}).get("sciml") or {}
+
+        def tables(key, required_cols, what, required=True):
+            out = [read_table(p, required_cols, what) for p in files(key, required)]
+            return out
+
+        self.t_par = tables("parameter_files", ["parameterId", "parameterScale", "lowerBound",
+                                                "upperBound", "nominalValue", "estimate"],
+                            "parameter")
+        self.t_obs = tables("observable_files", ["observableId", "observableFormula",
+                                                 "noiseFormula"], "observable")
+        self.t_meas = tables("measurement_files", ["observableId", "experimentId", "time",
+                                                   "measurement"], "measurement")
+        self.t_cond = tables("condition_files", ["conditionId", "targetId", "targetValue"],
+                             "condition", required=False)
+        self.t_exp = tables("experiment_files", ["experimentId", "time", "conditionId"],
+                            "experiment", required=False)
+        self.t_map = tables("mapping_files", ["petabEntityId", "modelEntityId"], "mapping",
+                            required=False)
+        hyb = [self._file(p) for p in sciml.get("hybridization_files") or []]
+        self.t_hyb = [read_table(p, ["targetId", "targetValue"], "hybridization") for p in hyb]
+        from nets import petab as npetab
+
+        self.nets = {}
+        for name, spec in (sciml.get("neural_networks") or {}).items():
+            loc = self._file(spec["location"])
+            if not os.path.isfile(loc):
+                raise PetabError(f"the network file {loc} of {name!r} does not exist (named "
+                                 f"in {self.path})")
+            self.nets[name] = _Net(name, npetab.load(loc), bool(spec.get("pre_initialization")))
+        self._read_arrays(npetab, [self._file(p) for p in sciml.get("array_files") or []])
+        self._read_mapping()
+        self._read_parameters()
+
+    def _read_arrays(self, npetab, paths):
+        import h5py
+
+        self.input_arrays = {}  # input entity id -> {condition id or "0": array}
+        for path in paths:
+            if not os.path.isfile(path):
+                raise PetabError(f"the array file {path} does not exist (named in {self.path})")
+            with h5py.File(path, "r") as h:
+                for name in (h["parameters"].keys() if "parameters" in h else ()):
+                    if name not in self.nets:
+                        raise PetabError(f"{path}: parameters for {name!r}, which is not a "
+                                         f"network of the problem ({', '.join(self.nets)})")
+                    nt = self.nets[name]
+                    grp = h["parameters"][name]
+                    for lid, arr, shape, _ in nt.net.arrays:
+                        if lid not in grp or arr not in grp[lid]:
+                            raise PetabError(f"{path}: no array parameters/{name}/{lid}/{arr}")
+                        got = grp[lid][arr].shape
+                        if tuple(got) != tuple(shape):
+                            raise PetabError(f"{path}: parameters/{name}/{lid}/{arr} has shape "
+                                             f"{tuple(got)}; the network {name!r} expects "
+                                             f"{tuple(shape)}")
+                    nt.w0[:] = npetab.read_parameters(nt.net, path)
+                    nt.level[:] = 0
+                for iid in (h["inputs"].keys() if "inputs" in h else ()):
+                    grp = h["inputs"][iid]
+                    self.input_arrays[iid] = {k: np.asarray(grp[k], dtype=np.float64)
+                                              for k in grp.keys()}
+
+    def _read_mapping(self):
+        self.entity = {}  # petab entity id -> ("in", net, arg, idx) / ("out", net, k) / ("par", ..)
+        for t in self.t_map:
+            for line, row in t.rows():
+                pid = t.require(line, row, "petabEntityId")
+                mid = t.require(line, row, "modelEntityId")
+                m_in, m_out, m_par = _IN.match(mid), _OUT.match(mid), _PAR.match(mid)
+                m = m_in or m_out or m_par
+                if m is None:
+                    continue  # a plain model entity: nothing to do for us
+                net = m.group(1)
+                if net not in self.nets:
+                    raise PetabError(f"{t.where(line, 'modelEntityId')}: {mid!r} names the "
+                                     f"network {net!r}, which is not in problem.yaml "
+                                     f"({', '.join(self.nets) or 'none'})")
+                nt = self.nets[net]
+                if m_in:
+                    arg = int(m.group(2))
+                    if arg >= len(nt.net.inputs):
+                        raise PetabError(f"{t.where(line, 'modelEntityId')}: {mid!r}: network "
+                                         f"{net!r} has {len(nt.net.inputs)} input(s)")
+                    idx = None if m.group(3) is None else int(m.group(3))
+                    nt.inputs[(arg, idx)] = pid
+                    self.entity[pid] = ("in", net, arg, idx)
+                elif m_out:
+                    self.entity[pid] = ("out", net, int(m.group(2)), int(m.group(3)))
+                else:
+                    self.entity[pid] = ("par", net, m.group(2), m.group(3), t.where(
+                        line, "modelEntityId"))
+
+    def _net_slice(self, nt, layer, array, where):
+        sel = np.zeros(nt.net.n_params, bool)
+        found = False
+        for lid, arr, shape, off in nt.net.arrays:
+            if (layer is None or lid == layer) and (array is None or arr == array):
+                sel[off:off + int(np.prod(shape))] = True
+                found = True
+        if not found:
+            raise PetabError(f"{where}: network {nt.name!r} has no "
+                             f"{'layer ' + repr(layer) if array is None else repr(array)}"
+                             f"{'' if array is None else ' in layer ' + repr(layer)}")
+        return sel
+
+    def _read_parameters(self):
+        self.params = {}   # scalar id -> dict(scale, lb, ub, nominal, estimate, prior)
+        order = []         # ("scalar", id) / ("net", name), in table order
+        net_rows = []
+        for t in self.t_par:
+            for line, row in t.rows():
+                pid = t.require(line, row, "parameterId")
+                if pid in self.params:
+                    raise PetabError(f"{t.where(line, 'parameterId')}: {pid!r} is listed twice")
+                scale = row.get("parameterScale", "") or "lin"
+                if scale not in ("lin", "log", "log10"):
+                    raise PetabError(f"{t.where(line, 'parameterScale')}: expected lin, log or "
+                                     f"log10, got {scale!r}")
+                est = t.require(line, row, "estimate").lower()
+                if est not in ("true", "false", "1", "0"):
+                    raise PetabError(f"{t.where(line, 'estimate')}: expected true or false, got "
+                                     f"{row['estimate']!r}")
+                est = est in ("true", "1")
+                ent = self.entity.get(pid)
+                if ent is not None and ent[0] == "par":
+                    net_rows.append((t, line, row, ent, est))
+                    if ("net", ent[1]) not in order:
+                        order.append(("net", ent[1]))
+                    continue
+                lb = number(t, line, "lowerBound", row["lowerBound"] or "-inf")
+                ub = number(t, line, "upperBound", row["upperBound"] or "inf")
+                nom = number(t, line, "nominalValue", t.require(line, row, "nominalValue"))
+                prior = None
+                dist = row.get("priorDistribution", "")
+                if dist:
+                    vals = [number(t, line, "priorParameters", v)
+                            for v in row.get("priorParameters", "").split(";") if v]
+                    lk.check_prior(t.where(line, "priorDistribution"), dist, vals)
+                    prior = (dist, vals)
+                self.params[pid] = dict(scale=scale, lb=lb, ub=ub, nominal=nom, estimate=est,
+                                        prior=prior)
+                order.append(("scalar", pid))
+        # networks' rows: more specific rows (a layer, an array) override less specific ones
+        net_rows.sort(key=lambda r: (r[3][2] is not None) + (r[3][3] is not None))
+        for t, line, row, (_, net, layer, array, where), est in net_rows:
+            nt = self.nets[net]
+            level = (layer is not None) + (array is not None)
+            sel = self._net_slice(nt, layer, array, where)
+            nom = row["nominalValue"]
+            if nom != "array":
+                nt.w0[sel] = number(t, line, "nominalValue", nom)
+            elif np.any(nt.level[sel] < 0):
+                raise PetabError(f"{t.where(line, 'nominalValue')}: 'array', but no array file "
+                                 f"holds the parameters of {net!r}")
+            nt.level[sel] = level
+            nt.estimated[sel] = est
+        self.scalar_est = [p for k, p in order if k == "scalar" and self.params[p]["estimate"]]
+        names, layout = [], []  # layout: ("scalar", id) or ("net", name, flat indices)
+        for kind, key in order:
+            if kind == "scalar":
+                if self.params[key]["estimate"]:
+                    names.append(key)
+                    layout.append(("scalar", key, len(names) - 1))
+                continue
+            nt = self.nets[key]
+            idx = np.flatnonzero(nt.estimated)
+            start = len(names)
+            for lid, arr, shape, off in nt.net.arrays:
+                for k in range(int(np.prod(shape))):
+                    if nt.estimated[off + k]:
+                        ij = ",".join(map(str, np.unravel_index(k, shape)))
+                        names.append(f"{key}.parameters[{lid}].{arr}[{ij}]")
+            layout.append(("net", key, np.arange(start, len(names)), idx))
+        self.parameter_names = names
+        self._layout = layout
+        n = len(names)
+        self.nominal = np.zeros(n)
+        self.lower_bounds, self.upper_bounds = np.full(n, -np.inf), np.full(n, np.inf)
+        for item in layout:
+            if item[0] == "scalar":
+                p = self.params[item[1]]
+                i = item[2]
+                self.nominal[i] = _scale(p["nominal"], p["scale"])
+                self.lower_bounds[i] = _scale(p["lb"], p["scale"])
+                self.upper_bounds[i] = _scale(p["ub"], p["scale"])
+            else:
+                nt = self.nets[item[1]]
+                self.nominal[item[2]] = nt.w0[item[3]]
+
+    # ================================================================== the model
+
+    def _hybridization(self):
+        """Net inputs (entity -> expr or 'array') and assignments (target -> expr)."""
+        inputs, assign = {}, {}
+        for t in self.t_hyb:
+            for line, row in t.rows():
+                tid = t.require(line, row, "targetId")
+                val = t.require(line, row, "targetValue")
+                ent = self.entity.get(tid)
+                if ent is not None and ent[0] == "in":
+                    if val == "array":
+                        if tid not in self.input_arrays:
+                            raise PetabError(f"{t.where(line, 'targetValue')}: 'array', but no "
+                                             f"array file holds inputs/{tid}")
+                        inputs[tid] = "array"
+                    else:
+                        inputs[tid] = (parse_formula(t, line, "targetValue", val),
+                                       t.where(line, "targetValue"))
+                else:
+                    assign[tid] = (parse_formula(t, line, "targetValue", val),
+                                   t.where(line, "targetValue"))
+        return inputs, assign
+
+    def _known(self, name):
+        return (name in self.params or name in self.sbml.initial or name in self.entity
+                or name in self._cond_targets or _PLACEHOLDER.match(name) is not None)
+
+    def _check_symbols(self, expr, where):
+        for s in expr.free_symbols:
+            if s != TIME and not self._known(s.name):
+                raise PetabError(f"{where}: unknown parameter or entity {s.name!r} (not in the "
+                                 "SBML model, the parameter, condition or mapping tables)")
+
+    def _build_model(self):
+        sb = self.sbml
+        self._cond_targets = {row["targetId"] for t in self.t_cond for _, row in t.rows()}
+        net_inputs, assign = self._hybridization()
+        # outputs: entity -> (net, flat index); a net's inputs as expressions, in flat order
+        out_sym = {}
+        for pid, ent in self.entity.items():
+            if ent[0] == "out":
+                out_sym[symbol(pid)] = (ent[1], ent[3])
+        self._net_in = {}
+        for name, nt in self.nets.items():
+            exprs = []
+            for _key, pid in sorted(nt.inputs.items(), key=lambda kv: (kv[0][0],
+                                                                           kv[0][1] or 0)):
+                v = net_inputs.get(pid)
+                if v == "array":
+                    exprs.append(("array", pid))
+                elif v is None:
+                    if not (pid in self.params or pid in self._cond_targets):
+                        raise PetabError(f"the input {pid!r} of network {name!r} (mapping "
+                                         "table) names nothing: it is not a hybridization "
+                                         "target, a parameter or a condition target")
+                    exprs.append(symbol(pid))
+                else:
+                    self._check_symbols(v[0], v[1])
+                    exprs.append(v[0])
+            if not exprs:
+                raise PetabError(f"network {name!r} has no inputs in the mapping table")
+            self._net_in[name] = exprs
+        self._out_sym = out_sym
+        model_nets = {n for n, nt in self.nets.items() if not nt.pre}
+        states = list(sb.states)
+        state_syms = {symbol(s) for s in states}
+        self._assign_model, self._assign_outer = {}, {}
+        for tid, (e, where) in assign.items():
+            self._check_symbols(e, where)
+            uses = {out_sym[s][0] for s in e.free_symbols if s in out_sym}
+            if uses & model_nets:
+                if tid in states:
+                    raise PetabError(f"{where}: the right-hand-side network sets the state "
+                                     f"{tid!r}; only parameters can be replaced by it")
+                self._assign_model[symbol(tid)] = e
+            else:
+                self._assign_outer[tid] = e
+        # expressions of the model, in SBML and PEtab symbols
+        rhs = [sb.expand(sb.rhs[s]).xreplace(self._assign_model) for s in states]
+        obs_ids, obs_e, sig_e, self._obs_rows = [], [], [], {}
+        for t in self.t_obs:
+            for line, row in t.rows():
+                oid = t.require(line, row, "observableId")
+                if oid in self._obs_rows:
+                    raise PetabError(f"{t.where(line, 'observableId')}: {oid!r} twice")
+                e = parse_formula(t, line, "observableFormula", row["observableFormula"])
+                s = parse_formula(t, line, "noiseFormula", row["noiseFormula"])
+                self._check_symbols(e, t.where(line, "observableFormula"))
+                self._check_symbols(s, t.where(line, "noiseFormula"))
+                dist = row.get("noiseDistribution", "") or "normal"
+                tr = row.get("observableTransformation", "") or "lin"
+                if dist not in lk.DISTRIBUTIONS:
+                    raise PetabError(f"{t.where(line, 'noiseDistribution')}: expected one of "
+                                     f"{', '.join(lk.DISTRIBUTIONS)}, got {dist!r}")
+                if tr not in lk.TRANSFORMS:
+                    raise PetabError(f"{t.where(line, 'observableTransformation')}: expected "
+                                     f"lin, log or log10, got {tr!r}")
+                kind, tr2 = lk.DISTRIBUTIONS[dist]
+                if tr2 and lk.TRANSFORMS[tr]:
+                    raise PetabError(f"{t.where(line, 'observableTransformation')}: {tr!r} "
+                                     f"with the noise distribution {dist!r}")
+                self._obs_rows[oid] = (kind, tr2 or lk.TRANSFORMS[tr])
+                obs_ids.append(oid)
+                obs_e.append(sb.expand(e).xreplace(self._assign_model))
+                sig_e.append(sb.expand(s).xreplace(self._assign_model))
+        self.observable_ids = obs_ids
+        sig_names = [f"sigma_{o}" for o in obs_ids]
+        # parameters of the model: every free symbol that is not a state, t or a net output
+        exprs = rhs + obs_e + sig_e
+        for name in model_nets:
+            exprs += [e for e in self._net_in[name] if not isinstance(e, tuple)]
+        free = set()
+        for e in exprs:
+            free |= e.free_symbols
+        free -= state_syms | {TIME} | set(out_sym)
+        self._u0_names = [f"u0_{s}" for s in states]
+        mech = sorted(s.name for s in free) + self._u0_names
+        if len(set(self._u0_names) & (set(sorted(s.name for s in free)) | set(states))):
+            raise PetabError(f"{self.sbml.path}: an entity is named like an initial value "
+                             f"(u0_<state>); rename it")
+        chains = {}
+        for name in model_nets:
+            ch = self.nets[name].net.as_chain()
+            if ch is None:
+                raise PetabError(f"network {name!r} sits in the model (not pre-initialization)"
+                                 " but is not a chain of Linear layers and activations")
+            if any(isinstance(e, tuple) for e in self._net_in[name]):
+                raise PetabError(f"network {name!r} takes an array input but sits in the model;"
+                                 " array inputs need pre_initialization: true")
+            chains[name] = ch
+            self.nets[name].chain = ch
+        self._mech = mech
+        sym_of = {**{symbol(s): ("u", s) for s in states}, **{symbol(p): ("p", p) for p in mech}}
+        net_in, order_nets = self._net_in, sorted(model_nets)
+
+        def bind(u, p, t, nets, es):
+            sub = {TIME: t.expr}
+            for s, (kind, name) in sym_of.items():
+                sub[s] = getattr(u if kind == "u" else p, name).expr
+            used = set()
+            for e in es:
+                used |= e.free_symbols
+            for name in order_nets:
+                outs = [s for s, (n, _) in out_sym.items() if n == name]
+                if not set(outs) & used:
+                    continue
+                z = nets[name]([_sym(e.xreplace(sub)) for e in net_in[name]])
+                for s in outs:
+                    sub[s] = z[out_sym[s][1]].expr
+            return [_sym(e.xreplace(sub)) for e in es]
+
+        def f(u, p, t, nets):
+            return bind(u, p, t, nets, rhs)
+
+        observables = {}
+        for k, name in enumerate(obs_ids + sig_names):
+            e = (obs_e + sig_e)[k]
+            observables[name] = _observable(bind, e)
+        f.__name__ = os.path.splitext(os.path.basename(self.sbml.path))[0]
+        self.model = Model(f, states, mech, nets=chains or None, observables=observables)
+        self._sig_names = sig_names
+        u0_names = self._u0_names
+        self._u0_fn = lambda p: [getattr(p, n) for n in u0_names]
+        self.states = states
+
+    # ============================================================ simulations
+
+    def _conditions(self):
+        cond = {}
+        for t in self.t_cond:
+            for line, row in t.rows():
+                cid = t.require(line, row, "conditionId")
+                tid = t.require(line, row, "targetId")
+                val = parse_formula(t, line, "targetValue", t.require(line, row, "targetValue"))
+                self._check_symbols(val, t.where(line, "targetValue"))
+                if not self._known(tid) and tid not in self.states:
+                    raise PetabError(f"{t.where(line, 'targetId')}: unknown target {tid!r}")
+                cond.setdefault(cid, {})[tid] = val
+        exps = {}
+        for t in self.t_exp:
+            for line, row in t.rows():
+                eid = t.require(line, row, "experimentId")
+                tt = number(t, line, "time", t.require(line, row, "time"))
+                cids = [c for c in row["conditionId"].split(";") if c]
+                for c in cids:
+                    if c not in cond and not any(c in a for a in self.input_arrays.values()):
+                        raise PetabError(f"{t.where(line, 'conditionId')}: unknown condition "
+                                         f"{c!r}")
+                exps.setdefault(eid, []).append((tt, cids, t.where(line, "time")))
+        return cond, exps
+
+    def _build_simulations(self):
+        cond, exps = self._conditions()
+        rows = {}  # experiment -> list of (line info, obs, t, m, obs params, noise params)
+        self._meas = []
+        for t in self.t_meas:
+            for line, row in t.rows():
+                oid = t.require(line, row, "observableId")
+                if oid not in self._obs_rows:
+                    raise PetabError(f"{t.where(line, 'observableId')}: unknown observable "
+                                     f"{oid!r}")
+                eid = row.get("experimentId", "")
+                if eid and eid not in exps:
+                    raise PetabError(f"{t.where(line, 'experimentId')}: unknown experiment "
+                                     f"{eid!r}")
+                tm = number(t, line, "time", t.require(line, row, "time"))
+                if not math.isfinite(tm):
+                    raise PetabError(f"{t.where(line, 'time')}: steady-state measurements "
+                                     "(time inf) are not supported")
+                m = number(t, line, "measurement", t.require(line, row, "measurement"))
+                op = tuple(_split(t, line, "observableParameters", row))
+                npar = tuple(_split(t, line, "noiseParameters", row))
+                k = len(self._meas)
+                self._meas.append(dict(row))
+                rows.setdefault(eid, []).append((k, oid, tm, m, op, npar))
+        self._meas_columns = list(self.t_meas[0].columns)
+        self.sims = []
+        for eid, rs in rows.items():
+            periods = sorted(exps.get(eid, [(0.0, [], "")]), key=lambda p: p[0])
+            if len({p[0] for p in periods}) > 1:
+                raise PetabError(f"{periods[1][2]}: experiment {eid!r} has several periods; "
+                                 "only one period (conditions applied at the start) is "
+                                 "supported")
+            t0 = periods[0][0]
+            if not math.isfinite(t0):
+                raise PetabError(f"{periods[0][2]}: pre-equilibration (time -inf) is not "
+                                 "supported")
+            cids = [c for p in periods for c in p[1]]
+            changes = {}
+            for c in cids:
+                changes.update(cond.get(c, {}))
+            # placeholders: one simulation per distinct assignment of every observable's
+            by_obs = {}
+            for r in rs:
+                by_obs.setdefault(r[1], [])
+                if (r[4], r[5]) not in by_obs[r[1]]:
+                    by_obs[r[1]].append((r[4], r[5]))
+            n_groups = max(len(v) for v in by_obs.values())
+            for g in range(n_groups):
+                mine = [r for r in rs if by_obs[r[1]].index((r[4], r[5])) == g]
+                if mine:
+                    self.sims.append(self._simulation(eid, cids, t0, changes, mine))
+
+    def _simulation(self, eid, cids, t0, changes, rs):
+        ph = {}
+        for _, oid, _, _, op, npar in rs:
+            for kind, vals in (("observable", op), ("noise", npar)):
+                for i, v in enumerate(vals):
+                    ph[f"{kind}Parameter{i + 1}_{oid}"] = v
+        times = np.unique([r[2] for r in rs])
+        if times[0] < t0:
+            raise PetabError(f"experiment {eid!r}: a measurement at t = {times[0]} precedes its "
+                             f"start t = {t0}")
+        names = list(self.observable_ids) + self._sig_names
+        col = {n: i for i, n in enumerate(names)}
+        n_obs = len(self.observable_ids)
+        row_t = np.searchsorted(times, [r[2] for r in rs])
+        row_y = np.array([col[r[1]] for r in rs])
+        meas = lk.Measurements(
+            times, names, row_t, row_y, row_y + n_obs, np.array([r[3] for r in rs]),
+            np.array([self._obs_rows[r[1]][0] for r in rs]),
+            np.array([self._obs_rows[r[1]][1] for r in rs]))
+        tf = times[-1] if times[-1] > t0 else t0 + 1.0
+        outer = _Outer(self, eid, cids, changes, ph)
+        theta = outer.theta(*self._split_x(self.nominal))[0]
+        prob = ODEProblem(self.model, self._u0_fn, (t0, tf), theta)
+        return dict(experiment=eid, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer)
+
+    # ============================================================ evaluation
+
+    def _split_x(self, x):
+        x = np.asarray(x, dtype=np.float64)
+        if x.shape != (len(self.parameter_names),):
+            raise ValueError(f"PetabProblem: `x` must have shape ({len(self.parameter_names)},) "
+                             f"(len(parameter_names)), got {x.shape}")
+        z = {}
+        W = {name: nt.w0.copy() for name, nt in self.nets.items()}
+        for item in self._layout:
+            if item[0] == "scalar":
+                z[item[1]] = _unscale(x[item[2]], self.params[item[1]]["scale"])
+            else:
+                W[item[1]][item[3]] = x[item[2]]
+        zv = np.array([z[p] for p in self.scalar_est])
+        return zv, W
+
+    def _chain_back(self, x, gz, gW):
+        g = np.zeros(len(self.parameter_names))
+        idx = {p: i for i, p in enumerate(self.scalar_est)}
+        for item in self._layout:
+            if item[0] == "scalar":
+                sc = self.params[item[1]]["scale"]
+                g[item[2]] = gz[idx[item[1]]] * _dunscale(x[item[2]], sc)
+            else:
+                g[item[2]] = gW[item[1]][item[3]]
+        return g
+
+    def _prior(self, x):
+        v, g = 0.0, np.zeros(len(x))
+        for item in self._layout:
+            if item[0] != "scalar":
+                continue
+            p = self.params[item[1]]
+            if p["prior"] is None:
+                continue
+            name, pars = p["prior"]
+            i = item[2]
+            if name in lk.ON_SCALE:
+                lv, d = lk.log_prior(name, pars, x[i])
+            else:
+                zi = _unscale(x[i], p["scale"])
+                lv, d = lk.log_prior(name, pars, zi)
+                d *= _dunscale(x[i], p["scale"])
+            v += lv
+            g[i] += d
+        return v, g
+
+    def llh(self, x):
+        """The log-likelihood at `x` (PEtab's convention), priors included."""
+        return self.llh_and_grad(x, grad=False)
+
+    def llh_and_grad(self, x, grad=True):
+        """``(llh, d llh / dx)`` at `x`: the gradient is exact up to the solver tolerance,
+        by the sensitivity method of the problem (`sensealg`)."""
+        zv, W = self._split_x(x)
+        total = 0.0
+        gz = np.zeros(len(zv))
+        gW = {k: np.zeros_like(w) for k, w in W.items()}
+        for sim in self.sims:
+            theta, tape = sim["outer"].theta(zv, W)
+            if grad:
+                v, g = loss_and_grad(sim["prob"], sim["data"], loss=_LOSS, solver=self.solver,
+                                     sensealg=self.sensealg, rtol=self.rtol, atol=self.atol,
+                                     params=theta)
+                if not math.isfinite(v):
+                    return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
+                sim["outer"].vjp(g, tape, gz, gW)
+            else:
+                v = self._value(sim, theta)
+            total += v
+        pv, pg = self._prior(np.asarray(x, dtype=np.float64))
+        if not grad:
+            return -total + pv
+        return -total + pv, -self._chain_back(np.asarray(x, float), gz, gW) + pg
+
+    def _value(self, sim, theta):
+        Y = self._observe(sim, theta)
+        return _LOSS(Y, sim["data"], theta, self.model)[0]
+
+    def _observe(self, sim, theta):
+        d = sim["data"]
+        sol = solve(sim["prob"].remake(params=theta), self.solver, rtol=self.rtol,
+                    atol=self.atol, saveat=d.t)
+        if sol.status_code != 0:
+            return np.full((len(d.t), len(d.names)), np.nan)
+        obs = sol.observables
+        return np.stack([obs[n] for n in d.names], axis=1)
+
+    def simulate(self, x):
+        """The measurement table's keys and a ``simulation`` column at `x` (a DataFrame)."""
+        import pandas as pd
+
+        zv, W = self._split_x(x)
+        sim_values = np.full(len(self._meas), np.nan)
+        for sim in self.sims:
+            theta, _ = sim["outer"].theta(zv, W)
+            Y = self._observe(sim, theta)
+            d = sim["data"]
+            sim_values[sim["rows"]] = Y[d.row_t, d.row_y]
+        keys = [c for c in self._meas_columns if c != "measurement"]
+        df = pd.DataFrame([{k: r.get(k, "") for k in keys} for r in self._meas])
+        df["time"] = df["time"].astype(float)
+        df["simulation"] = sim_values
+        return df
+
+    def unflatten(self, g):
+        """A vector over `parameter_names` as ``{"alpha": float, ..., "net1": {"layer1":
+        {"weight": array, "bias": array}}}``; frozen arrays are absent."""
+        g = np.asarray(g, dtype=np.float64)
+        out = {}
+        for item in self._layout:
+            if item[0] == "scalar":
+                out[item[1]] = float(g[item[2]])
+                continue
+            nt = self.nets[item[1]]
+            full = np.zeros(nt.net.n_params)
+            full[item[3]] = g[item[2]]
+            d = {}
+            for lid, arr, shape, off in nt.net.arrays:
+                n = int(np.prod(shape))
+                if nt.estimated[off:off + n].all():
+                    d.setdefault(lid, {})[arr] = full[off:off + n].reshape(shape)
+                elif nt.estimated[off:off + n].any():
+                    d.setdefault(lid, {})[arr] = np.where(
+                        nt.estimated[off:off + n], full[off:off + n], np.nan).reshape(shape)
+            out[item[1]] = d
+        return out
+
+    # ============================================================ fitting
+
+    def fit(self, n_starts=10, seed=0, optimizers=None, client=None, workers=None,
+            progress=False, results=None, spread=None):
+        """Multistart maximum likelihood (`sciml.multistart.run_starts`, threads or Dask),
+        each start fitted by `sciml.fit` on minus the log-likelihood; best first.
+
+        Start k depends on `seed` and k only. ``spread=None`` (PEtab's convention): every
+        parameter with finite bounds uniform between them (on its scale); the others (network
+        weights) at their nominal values plus ``N(0, 0.1)``. ``spread=s``: around `nominal`
+        instead, ``x * exp(s z)`` for bounded parameters (``s z`` where x is 0) and
+        ``x + s z / 5`` for the others. `optimizers`: as in `sciml.fit` (default
+        Adam then L-BFGS).
+
+        Returns
+        -------
+        sciml.MultistartResult
+            ``result.best.params`` is on the scale of `parameter_names`;
+            ``result.best.objective`` is minus the log-likelihood.
+        """
+        from ..multistart import _n_starts, _seed, run_starts
+
+        n = _n_starts(n_starts)
+        children = np.random.SeedSequence(_seed(seed)).spawn(n)
+        lo, hi = self.lower_bounds, self.upper_bounds
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        X = np.empty((n, len(self.nominal)))
+        for k, c in enumerate(children):
+            rng = np.random.default_rng(c)
+            u, z = rng.random(len(lo)), rng.standard_normal(len(lo))
+            x0 = self.nominal
+            if spread is None:
+                X[k] = np.where(finite, lo + (hi - lo) * u, x0 + 0.1 * z)
+            else:
+                moved = np.where(x0 != 0, x0 * np.exp(spread * z), spread * z)
+                X[k] = np.where(finite, np.clip(moved, lo, hi), x0 + spread * z / 5)
+        return run_starts(_FitTask(self, optimizers), X, client, results, progress, workers)
+
+    def __reduce__(self):
+        return (PetabProblem, (self.path, self.solver, self.sensealg, self.rtol, self.atol))
+
+    def __repr__(self):
+        return (f"PetabProblem({self.path!r}, {len(self.parameter_names)} parameters, "
+                f"{len(self.sims)} simulation(s), nets={list(self.nets)})")
+
+
+_LOSS = lk.NegLogLikelihood()
+
+
+class _FitTask:
+    """One multistart start for `run_starts`: `sciml.fit` on minus the log-likelihood."""
+
+    def __init__(self, problem, optimizers):
+        self.problem, self.optimizers = problem, optimizers
+
+    def objective(self, x):
+        v, g = self.problem.llh_and_grad(x)
+        return -v, -g
+
+    def __call__(self, k, x0):
+        import copy
+        import time
+
+        from ..fit import fit
+        from ..multistart import StartFit, failed_start
+
+        t0 = time.perf_counter()
+        sims = self.problem.sims
+        opts = copy.deepcopy(self.optimizers) if self.optimizers is not None else None
+        try:
+            r = fit([s["prob"] for s in sims], [s["data"] for s in sims], optimizers=opts,
+                    objective=self.objective, params=x0, progress=False)
+        except Exception as e:
+            return failed_start(k, x0, e, time.perf_counter() - t0)
+        return StartFit(k, x0, r.params, r.loss, r.penalty, r.objective, r.history,
+                        r.n_iters, r.n_evals, r.stopped, "ok", "", time.perf_counter() - t0)
+
+    def warm(self, x0):
+        try:
+            self.objective(x0)
+        except Exception:
+            pass
+
+    def portable(self):
+        return self
+
+
+class _Outer:
+    """One simulation's model parameters as functions of the estimated values and of the
+    pre-initialization networks' outputs, with their Jacobians (sympy, lambdified)."""
+
+    def __init__(self, pp, eid, cids, changes, placeholders):
+        self.pp = pp
+        z = [symbol(p) for p in pp.scalar_est]
+        self.pre = [n for n, nt in pp.nets.items() if nt.pre]
+        o_syms = {n: [s for s, (m, _) in sorted(pp._out_sym.items(), key=lambda kv: kv[1][1])
+                      if m == n] for n in self.pre}
+        self.o_index = {n: [pp._out_sym[s][1] for s in o_syms[n]] for n in self.pre}
+        o_all = [s for n in self.pre for s in o_syms[n]]
+        res = _Resolver(pp, eid, changes, placeholders, set(o_all))
+        theta_e = [res(symbol(p), f"model parameter {p!r}") for p in pp._mech]
+        self.n_mech = len(theta_e)
+        self.T = _lambdify(z + o_all, theta_e)
+        self.inputs = {}
+        for n in self.pre:
+            items = []
+            for e in pp._net_in[n]:
+                if isinstance(e, tuple):
+                    arrays = pp.input_arrays[e[1]]
+                    key = next((c for c in cids if c in arrays), "0")
+                    if key not in arrays:
+                        raise PetabError(f"experiment {eid!r}: no input array for {e[1]!r} "
+                                         f"(condition {', '.join(cids) or 'none'}) in the array "
+                                         f"files (have: {', '.join(arrays)})")
+                    items.append(arrays[key])
+                else:
+                    items.append(res(e, f"an input of network {n!r}"))
+            arrays = [a for a in items if isinstance(a, np.ndarray)]
+            if arrays:
+                if len(items) != 1:
+                    raise PetabError(f"network {n!r}: an array input with other inputs")
+                self.inputs[n] = ("array", arrays[0])
+            else:
+                if any(o in e.free_symbols for e in items for o in o_all):
+                    raise PetabError(f"network {n!r}: its input depends on another "
+                                     "pre-initialization network's output")
+                self.inputs[n] = ("expr", _lambdify(z, items))
+        self.o_all_count = [len(o_syms[n]) for n in self.pre]
+        self.model_nets = [(n, pp.model.param_slices[n]) for n, nt in pp.nets.items()
+                           if not nt.pre]
+
+    def theta(self, zv, W):
+        """The model's flat parameters (and a tape for `vjp`)."""
+        outs, tape = [], {}
+        for n in self.pre:
+            kind, src = self.inputs[n]
+            a = src if kind == "array" else src.value(zv)
+            y = np.asarray(self.pp.nets[n].net(*self._args(n, a), W[n]), dtype=np.float64)
+            outs.append(y.ravel()[self.o_index[n]])
+            tape[n] = (a, y.shape)  # (a batched input gives a batched output)
+        ov = np.concatenate(outs) if outs else np.zeros(0)
+        args = np.concatenate([zv, ov])
+        theta = np.empty(self.pp.model.n_params)
+        theta[:self.n_mech] = self.T.value(args)
+        for n, s in self.model_nets:
+            theta[s] = W[n]
+        return theta, (args, tape, W)
+
+    def _args(self, n, a):
+        """The network's inputs: ``a`` itself for one, else ``a`` (their concatenation, as
+        the mapping table lists them) split by input."""
+        nt = self.pp.nets[n]
+        k = len(nt.net.inputs)
+        if k == 1:
+            return (a,)
+        sizes = [sum(1 for arg, _ in nt.inputs if arg == i) for i in range(k)]
+        return tuple(np.split(np.asarray(a), np.cumsum(sizes)[:-1]))
+
+    def vjp(self, g, tape, gz, gW):
+        """Adds ``g^T d theta / d z`` to gz and the networks' part to gW."""
+        args, nin, W = tape
+        nz = len(gz)
+        ga = self.T.jacobian(args).T @ g[:self.n_mech]
+        gz += ga[:nz]
+        off = nz
+        for n, cnt in zip(self.pre, self.o_all_count):
+            go = ga[off:off + cnt]
+            off += cnt
+            net = self.pp.nets[n].net
+            a, shape = nin[n]
+            v = np.zeros(shape)
+            v.ravel()[self.o_index[n]] = go
+            *xbars, pbar = net.vjp(v, *self._args(n, a), W[n])
+            gW[n] += pbar
+            xbar = np.concatenate([np.ravel(x) for x in xbars])
+            kind, src = self.inputs[n]
+            if kind == "expr":
+                gz += src.jacobian(args[:nz]).T @ np.asarray(xbar).ravel()
+        for n, s in self.model_nets:
+            gW[n] += g[s]
+
+
+class _Resolver:
+    """Value of a symbol in one simulation, as an expression of the estimated parameters
+    and the pre-initialization networks' outputs (PEtab's precedence: condition, then
+    hybridization, then parameter table, then the SBML model)."""
+
+    def __init__(self, pp, eid, changes, placeholders, outputs):
+        self.pp, self.eid, self.changes = pp, eid, changes
+        self.ph, self.outputs = placeholders, outputs
+        self.cache = {}
+
+    def __call__(self, expr, what):
+        return expr.xreplace({s: self.symbol(s, what, ()) for s in expr.free_symbols})
+
+    def symbol(self, s, what, stack):
+        if s in self.cache:
+            return self.cache[s]
+        name = s.name
+        if name in stack:
+            raise PetabError(f"experiment {self.eid!r}: {name!r} is defined in terms of itself "
+                             f"({' -> '.join(stack + (name,))})")
+        stack = stack + (name,)
+        pp = self.pp
+
+        def deep(e):
+            return e.xreplace({q: self.symbol(q, what, stack) for q in e.free_symbols})
+
+        if s in self.outputs:
+            v = s
+        elif name in self.ph:
+            v = self.ph[name]
+            v = sympy.Float(float(v)) if _is_number(v) else deep(symbol(v))
+        elif _PLACEHOLDER.match(name):
+            v = sympy.nan  # a placeholder no measurement row of this simulation sets
+        elif name.startswith("u0_") and name[3:] in pp.states:
+            st = name[3:]
+            if st in self.changes:
+                v = deep(self.changes[st])
+            elif st in pp._assign_outer:
+                v = deep(pp._assign_outer[st])
+            else:
+                v = deep(pp.sbml.expand(pp.sbml.initial[st]))
+        elif name in self.changes:
+            v = deep(self.changes[name])
+        elif name in pp._assign_outer:
+            v = deep(pp._assign_outer[name])
+        elif name in pp.params:
+            p = pp.params[name]
+            v = s if p["estimate"] else sympy.Float(p["nominal"])
+        elif name in pp.sbml.initial:
+            v = deep(pp.sbml.expand(pp.sbml.initial[name]))
+        else:
+            raise PetabError(f"experiment {self.eid!r}: {what} needs {name!r}, which has no "
+                             "value (not in the parameter table, the conditions or the model)")
+        self.cache[s] = v
+        return v
+
+
+def _observable(bind, e):
+    """An observable function ``g(u, p, t, nets)`` computing the expression `e`."""
+    return lambda u, p, t, nets: bind(u, p, t, nets, [e])[0]
+
+
+def _is_number(v):
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+class _lambdify:
+    """``exprs(args)`` and its Jacobian, compiled by sympy's lambdify (numpy)."""
+
+    def __init__(self, args, exprs):
+        self.n = len(exprs)
+        self.args = args
+        m = sympy.Matrix(exprs) if exprs else sympy.zeros(0, 1)
+        j = m.jacobian(args) if args and exprs else sympy.zeros(self.n, len(args))
+        self._f = sympy.lambdify([args], list(m), "numpy")
+        self._j = sympy.lambdify([args], j, "numpy")
+
+    def value(self, a):
+        return np.array(self._f(a), dtype=np.float64).reshape(self.n)
+
+    def jacobian(self, a):
+        return np.array(self._j(a), dtype=np.float64).reshape(self.n, len(self.args))
+
+
+def _split(t, line, column, row):
+    v = row.get(column, "")
+    if v == "":
+        return []
+    return [s.strip() for s in v.split(";")]
+
+
+def _scale(v, scale):
+    if scale == "lin":
+        return v
+    with np.errstate(divide="ignore"):
+        return float(np.log(v) if scale == "log" else np.log10(v))
+
+
+def _unscale(v, scale):
+    return v if scale == "lin" else (math.exp(v) if scale == "log" else 10.0 ** v)
+
+
+def _dunscale(v, scale):
+    return 1.0 if scale == "lin" else (math.exp(v) if scale == "log" else
+                                       math.log(10.0) * 10.0 ** v)
+
+
+def _sym(e):
+    from ..model.trace import Sym
+
+    return Sym(e)
