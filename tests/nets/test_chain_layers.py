@@ -46,20 +46,18 @@ def blobs(rng, n, shape, classes=3):
     return x, y
 
 
-def test_lenet_shape_contract_float32(rng):
+def test_lenet_shape_contract(rng):
     chain = lenet()
     assert chain.out_shape == (10,) and chain.n_params == 44426 and not chain.is_dense
     assert [s for _, s in chain.shapes()] == [(6, 24, 24), (6, 12, 12), (16, 8, 8), (16, 4, 4),
                                              (256,), (120,), (84,), (10,)]
     p64 = chain.init_params(seed=0)
-    p32 = p64.astype(np.float32)
     x = rng.random((3, 1, 28, 28))
-    y32 = chain(x.astype(np.float32), p32)
-    assert y32.dtype == np.float32 and y32.shape == (3, 10)
-    np.testing.assert_allclose(y32, chain(x, p64), rtol=1e-4, atol=1e-5)
-    assert chain(x[0], p64).shape == (10,)  # one sample without the batch axis
-    # (float32 pullbacks are the same generic source; their compile is left to the benchmark,
-    # which trains in float32, to keep this file's cold cost down)
+    y = chain(x, p64)
+    assert y.dtype == np.float64 and y.shape == (3, 10)
+    np.testing.assert_allclose(chain(x[0], p64), y[0], rtol=1e-13)  # one sample, no batch axis
+    # (float32: the same generic source; its compile, ~60 s cold across the layer kernels, is
+    # left to the benchmark, which trains in float32, to keep make test inside CI's limit)
 
 
 def test_gradients_through_the_chain(rng):

@@ -51,7 +51,7 @@ def test_dense_output_agrees_with_saveat(cls, rng):
     # fastmath may contract the sums differently in the two compiled loops).
     prob = lv_prob()
     t = np.sort(rng.uniform(0, 10, 50))
-    a = solve(prob, cls(), saveat=t)
+    a = solve(prob, cls(), saveat=t, dense=True)  # the general loop (one for every tableau)
     b = solve(prob, cls())
     np.testing.assert_allclose(a(t), a.u, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(b(t), a.u, rtol=1e-13, atol=1e-13)
@@ -147,7 +147,7 @@ def test_storage_grows():
     sol = solve(prob, DP5(), rtol=1e-9, atol=1e-9)
     assert sol.success and sol.stats["n_accepted"] > 2000
     assert len(sol.t) == sol.stats["n_accepted"] + 1
-    ref = solve(prob, DP5(), rtol=1e-9, atol=1e-9, saveat=sol.t)
+    ref = solve(prob, DP5(), rtol=1e-9, atol=1e-9, saveat=sol.t, dense=True)
     np.testing.assert_allclose(ref.u, sol.u, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(sol(sol.t[1:] - 0.01), ref(sol.t[1:] - 0.01), rtol=1e-13)
 

@@ -60,7 +60,8 @@ def test_ude_and_neural_ode():
         prob = ODEProblem(m, u0, (0.0, 3.0), th)
         t = np.linspace(0, 3, 31)
         for solver in (Tsit5(), DP5(), Vern7()):
-            sol = solve(prob, solver, rtol=1e-10, atol=1e-10, saveat=t)
+            # dense=True: the general loop (the lean entry per tableau: test_solve_lean.py)
+            sol = solve(prob, solver, rtol=1e-10, atol=1e-10, saveat=t, dense=True)
             np.testing.assert_allclose(sol.u, reference(prob, t), rtol=1e-7, atol=1e-7)
         many = solve([prob, prob.remake(u0=np.array(u0) * 1.1)], Tsit5(), saveat=t)
         # the ensemble loop and the tableau-unrolled single loop are two compiled loops
