@@ -82,8 +82,10 @@ def _make(tab, settings, code):
         # Every array below is borrowed (no reference counting: the caller holds the
         # arguments, `keep_alive` the scratch): a struct field read in the loop would
         # otherwise cost an atomic increment and decrement per use (see sciml._jit).
-        own = np.zeros(3 * n + 2 + max(kern[K_WS], 1))
-        buf = borrow(own)
+        # One allocation for all scratch: the float part, then the six int64 counters.
+        nf = 3 * n + 2 + max(kern[K_WS], 1)
+        own = np.zeros(nf + 6)
+        buf = borrow(own)[:nf]
         atol_v = buf[:n]
         atol_v[:] = atol  # a number or one per state
         for i in range(n):
@@ -95,8 +97,7 @@ def _make(tab, settings, code):
         stops[0] = t0
         stops[1] = tf
         ws = buf[2 * n + 2:]
-        own_i = np.zeros(6, dtype=np.int64)
-        stats = borrow(own_i)
+        stats = borrow(own)[nf:].view(np.int64)
         m = bind(borrow(kern), borrow(p), ws, code)
         no_f, no_i = buf[:0], stats[:0]
         no2 = buf[:0].reshape((0, n))
@@ -104,7 +105,7 @@ def _make(tab, settings, code):
         sys = Forward(m, no_i, no_i, no_f, Lin(no22, no22, no_i, no22, no_i))
         ctl = Control(rtol, atol_v, safety, qmin, qmax, beta1, beta2, max_steps, dt, adaptive)
         rec = Record(borrow(save_t), borrow(out_u), False, no_f, False, no_f, no2,
-                     buf[:0].reshape((0, 0, n)), np.zeros(0, dtype=np.int8), no_i, stats)
+                     buf[:0].reshape((0, 0, n)), stats[:0].view(np.int8), no_i, stats)
         status, t_end = _integrate(sys, tab, ctl, stops, z, rec)
         for i in range(ns):
             keep[i] = save_t[i]
@@ -120,7 +121,6 @@ def _make(tab, settings, code):
         keep[o + 3] = stats[S_NREJ]
         keep[o + 4] = stats[S_NSAVE]
         keep_alive(own)
-        keep_alive(own_i)
         return status
 
     return lean_solve
