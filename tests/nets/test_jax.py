@@ -51,6 +51,19 @@ def test_outputs_and_gradients(act, rng):
     np.testing.assert_allclose(jx, xbar, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("acts", [("elu(alpha=2.0)", "leaky_relu(negative_slope=0.2)"),
+                                  ("celu(alpha=0.5)", "hardtanh(min_val=-0.5, max_val=2.0)")])
+def test_activations_with_constants(acts, rng):
+    # The constants reach JAX (a per-layer chain in nets: the same kernels' values).
+    chain = Chain(3, Dense(6, acts[0]), Dense(5, acts[1]), Dense(2))
+    p = chain.init_params(seed=1)
+    X, Y = 2.0 * rng.normal(size=(30, 3)), rng.normal(size=(30, 2))
+    np.testing.assert_allclose(nets_jax.apply(chain, p, X), chain(X, p), rtol=1e-12, atol=1e-13)
+    value, grad = nets.loss_and_grad(chain, p, X, Y, loss=nets.SquaredLoss())
+    jgrad = jax.grad(lambda q: sum_of_squares(chain, q, X, Y))(p)
+    np.testing.assert_allclose(jgrad, grad, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("act", ["relu", "elu"])
 def test_derivative_at_the_kink_matches_kernels(act):
     # z == 0 exactly: relu'(0) = 0 and elu'(0) = 1 in the kernels; JAX agrees.
