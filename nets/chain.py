@@ -366,11 +366,12 @@ class Chain:
     def jacobian_into(self, J, x, p, ws):
         """Write dy/dx into `J`: (out, in) for one sample, (N, out, in) for a batch.
 
-        Dense chains only (others: build it from `vjp_into` with unit cotangents)."""
+        Other chains: ``(*out_shape, *in_shape)`` for one sample, ``(N, *out_shape,
+        *in_shape)`` for a batch, in evaluation mode; one `vjp_into` per output with a
+        unit cotangent (a Dense chain's fused kernel builds it in one pass)."""
         if not self.is_dense:
-            raise NotImplementedError("jacobian_into: only chains of Dense layers on vectors; "
-                                      f"this chain has {type(self.layers[0]).__name__} layers "
-                                      "(use vjp_into with unit cotangents)")
+            self._jacobian_by_vjps(J, x, p, ws)
+            return
         ws = self._ws(ws, p)
         X = self._rows("x", x, self.n_in, ws.dtype)
         shape = (self.n_out, self.n_in) if x.ndim == 1 else (X.shape[0], self.n_out, self.n_in)
@@ -383,6 +384,24 @@ class Chain:
                              f"the chain has {self.n_in}")
         self._kernels["jacobian"](self.meta, p, X, J.reshape(X.shape[0], self.n_out, self.n_in),
                                   ws.buf)
+
+    def _jacobian_by_vjps(self, J, x, p, ws):
+        ws = self._ws(ws, p)
+        x = np.asarray(x)
+        one = x.shape == self.in_shape
+        X = self._batch("x", x, self.in_shape, ws.dtype)
+        N, n_in, n_out = X.shape[0], math.prod(self.in_shape), math.prod(self.out_shape)
+        shape = (*self.out_shape, *self.in_shape)
+        check_out("J", J, shape if one else (N, *shape), ws.dtype)
+        Jr = J.reshape(N, n_out, n_in)
+        V = np.zeros((N, n_out), ws.dtype)
+        Xb = np.empty((N, *self.in_shape), ws.dtype)
+        pbar = np.zeros(self.n_params, ws.dtype)  # not wanted: written, then dropped
+        for k in range(n_out):
+            V[:, k] = 1.0
+            self.vjp_into(Xb, pbar, V.reshape(N, *self.out_shape), X, p, ws)
+            Jr[:, k] = Xb.reshape(N, n_in)
+            V[:, k] = 0.0
 
     def __call__(self, x, p, *, state=None, training=False, seed=0):
         """Evaluate the chain: x (in,) -> (out,), X (N, in) -> (N, out). Allocates the result.

@@ -213,7 +213,7 @@ def test_input_errors(rng):
         Chain((1, 8, 8), "conv")
     with pytest.raises(ValueError, match="`input_size`"):
         Chain((1, 0, 8), Flatten())
-    with pytest.raises(NotImplementedError, match="Dense layers on vectors"):
+    with pytest.raises(ValueError, match=r"`J` must have shape \(10, 1, 28, 28\)"):
         chain.jacobian_into(np.zeros((10, 784)), np.zeros((1, 28, 28)), p, chain.workspace())
     with pytest.raises(ValueError, match="`state` must be"):
         Chain((1, 4, 4), Affine(), Flatten())(np.zeros((1, 4, 4)), np.zeros(2),
@@ -260,3 +260,24 @@ def test_kernels_allocate_nothing(rng):
     cases += [(layerwise.loss_seed, (2, h, T, np.empty_like(h), 1.0))]
     for kernel, args in cases:
         assert allocations_in(kernel, args)[1] == 0, kernel
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["single", "batch"])
+def test_jacobian_of_a_layer_chain_matches_finite_differences(batched, rng):
+    # Not a fused Dense chain (a convolution; an activation with a constant): one vjp
+    # per output, J shaped (N,) + out_shape + in_shape.
+    chain = Chain((1, 6, 6), Conv(2, (3, 3), "tanh"), MaxPool((2, 2)), Flatten(),
+                  Dense(3, "elu(alpha=2.0)"))
+    p = chain.init_params(seed=0)
+    x = rng.normal(size=(4, 1, 6, 6) if batched else (1, 6, 6))
+    J = np.full(x.shape[:-3] + (3, 1, 6, 6), np.nan)
+    chain.jacobian_into(J, x, p, chain.workspace())
+    xs = x.reshape(-1, 36)
+    h = 1e-6
+    for i in range(36):
+        e = np.zeros(36)
+        e[i] = h
+        up = chain((xs + e).reshape(x.shape), p)
+        down = chain((xs - e).reshape(x.shape), p)
+        fd = (up - down) / (2 * h)
+        np.testing.assert_allclose(J.reshape(*x.shape[:-3], 3, 36)[..., i], fd, atol=1e-8)
