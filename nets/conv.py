@@ -4,15 +4,15 @@ One kernel family serves every dimension, stride, padding, dilation and group co
 a 1-D or 2-D convolution is a 3-D one with leading spatial sizes 1, and the geometry
 is runtime data (an int64 vector `geo`, see `_geometry`), so each dtype compiles once.
 
-Per sample and group, a convolution is a product of the weight matrix ``(out, in/groups *
-prod(kernel))`` with the input's taps (`nets.gemm`). With stride 1 (the common case) the
-taps are windows of the zero-padded input itself, read in place (`gemm_nn_rows`: no
-unfolding), and the product is a "wide" output over the padded positions whose valid
-entries are then copied out; its input gradient adds each tap's row back at its offset.
-With other strides the input is unfolded into columns first (im2col) and folded back
-(col2im). A transposed convolution is the same pieces with the roles of input and output
-exchanged: its forward is a convolution's input gradient, its input gradient a
-convolution's forward.
+A convolution is, per group, a product of the weight matrix ``(out, in/groups *
+prod(kernel))`` with the input's taps, for a block of samples at once (`nets.gemm`). With
+stride 1 along W (the common case, `_direct_*`) the taps are windows of the zero-padded
+input itself, held with the sample as the fastest axis and read in place: no unfolding,
+and each product row is (output width) x (samples) long. Otherwise the input is unfolded
+into columns (im2col, `_cols_*`) and folded back (col2im). A transposed convolution is
+the same pieces with the roles of input and output exchanged: its forward is a
+convolution's input gradient, its input gradient a convolution's forward (on the
+columns path).
 
 The kernels run on one thread over the rows they are given (the chain threads over
 the batch, see `nets.layers.Layer`).
@@ -29,9 +29,7 @@ from .layers import Layer, _shape, check_activation, check_positive_int, torch_u
 
 # Positions in `geo`: the convolution's input ("image") side, its output ("column") side,
 # kernel, stride, padding, dilation, groups.
-# XD, XH, XW: the padded image; JW: the length of a "wide" output row (see `_wide_*`).
-CI, ID, IH, IW, CO, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, GR, \
-    XD, XH, XW, JW = range(25)
+CI, ID, IH, IW, CO, OD, OH, OW, KD, KH, KW, SD, SH, SW, PD, PH, PW, DD, DH, DW, GR = range(21)
 
 
 # ----------------------------------------------------------------- layer settings
@@ -136,20 +134,20 @@ class _ConvBase(Layer):
     # ------------------------------------------------------------------ kernels
 
     def scratch_size(self, in_shape, batch):
-        return scratch_size(self._geo(_shape(in_shape))[0])
+        return scratch_size(self._geo(_shape(in_shape))[0], self._transposed, batch)
 
     def forward(self, ctx, x, y, p, s, scratch):
-        geo, offs = self._geo(x.shape[1:])
+        geo, taps = self._geo(x.shape[1:])
         N = x.shape[0]
-        conv_forward(geo, offs, self._transposed, x.reshape(N, -1), p, self.bias,
+        conv_forward(geo, taps, self._transposed, x.reshape(N, -1), p, self.bias,
                      y.reshape(N, -1), scratch)
 
     def pullback(self, ctx, ybar, x, y, p, s, pbar, xbar, scratch):
-        geo, offs = self._geo(x.shape[1:])
+        geo, taps = self._geo(x.shape[1:])
         N = x.shape[0]
         want_x = xbar is not None
         xb = xbar.reshape(N, -1) if want_x else x.reshape(N, -1)[:0]
-        conv_pullback(geo, offs, self._transposed, x.reshape(N, -1), p, self.bias,
+        conv_pullback(geo, taps, self._transposed, x.reshape(N, -1), p, self.bias,
                       ybar.reshape(N, -1), xb, want_x, pbar, scratch)
 
 
@@ -324,422 +322,499 @@ class ConvTranspose(_ConvBase):
 
 
 _GEO = {}
-_LAYER_GEO = {}  # (layer, input shape) -> (geo, offs)
+_LAYER_GEO = {}  # (layer, input shape) -> (geo, taps)
+
+# Samples per block: a block's buffers (`_per_sample` each) are kept near this many
+# elements, so that they stay in L2 while the products sweep them.
+BLOCK_ELEMS = 1 << 16
 
 
 def _geometry(img_shape, col_shape, kernel, stride, padding, dilation, groups):
-    """(`geo`, `offs`) of a convolution from image (C, *sp) to columns (C', *sp'), made once
-    per shape: `geo` the int64 geometry vector, `offs` the offsets of the kernel taps in
-    the padded image (for stride 1: see `_wide`)."""
+    """(`geo`, `taps`) of a convolution from image (C, *sp) to columns (C', *sp'), made
+    once per shape: `geo` the int64 geometry vector, `taps` its per-tap table (`_taps`)."""
     key = (tuple(img_shape), tuple(col_shape), kernel, stride, padding, dilation, groups)
     if key not in _GEO:
         ci, *isp = img_shape
         co, *osp = col_shape
-        isp, osp, k = _pad3(isp, 1), _pad3(osp, 1), _pad3(kernel, 1)
-        pad, dil = _pad3(padding, 0), _pad3(dilation, 1)
-        Dp, Hp, Wp = (n + 2 * p for n, p in zip(isp, pad))
-        jw = (osp[0] - 1) * Hp * Wp + (osp[1] - 1) * Wp + osp[2]
-        geo = np.array([ci, *isp, co, *osp, *k, *_pad3(stride, 1), *pad, *dil, groups,
-                        Dp, Hp, Wp, jw], dtype=np.int64)
-        cg = ci // groups
-        c, kd, kh, kw = np.meshgrid(np.arange(cg), np.arange(k[0]), np.arange(k[1]),
-                                    np.arange(k[2]), indexing="ij")
-        offs = (c * Dp * Hp * Wp + kd * dil[0] * Hp * Wp + kh * dil[1] * Wp
-                + kw * dil[2]).ravel().astype(np.int64)
-        _GEO[key] = (geo, offs)
+        geo = np.array([ci, *_pad3(isp, 1), co, *_pad3(osp, 1), *_pad3(kernel, 1),
+                        *_pad3(stride, 1), *_pad3(padding, 0), *_pad3(dilation, 1), groups],
+                       dtype=np.int64)
+        _GEO[key] = (geo, _taps(geo))
     return _GEO[key]
 
 
-def scratch_size(geo):
-    """Stride 1: the padded image and its cotangent, two wide outputs, the taps' cotangent;
-    otherwise: the unfolded columns and their cotangent."""
-    rows = geo[CI] // geo[GR] * geo[KD] * geo[KH] * geo[KW]
-    if _wide(geo):
-        return int(2 * geo[CI] * geo[XD] * geo[XH] * geo[XW] + (2 * geo[CO] + rows) * geo[JW])
-    return int(2 * rows * geo[OD] * geo[OH] * geo[OW])
+def _taps(geo):
+    """One row per tap (c, kd, kh, kw) of a group, as the kernels' rows: the channel's
+    offset c * D * H * W; the input position of output (0, 0, 0) along D, H, W (negative
+    in the padding); the output columns lo <= ow < hi whose input column is inside; and
+    1 if every output position reads inside the input (no padding reached, stride 1
+    along W: one plain copy per output row), else 0; and the tap's offset in the padded
+    image (C, D + 2 pd, H + 2 ph, W + 2 pw) from output (0, 0, 0)'s window (`_direct_*`)."""
+    D, H, W = (int(v) for v in geo[[ID, IH, IW]])
+    oD, oH, oW = (int(v) for v in geo[[OD, OH, OW]])
+    sd, sh, sw = (int(v) for v in geo[[SD, SH, SW]])
+    rows = []
+    for c in range(int(geo[CI] // geo[GR])):
+        for kd in range(int(geo[KD])):
+            for kh in range(int(geo[KH])):
+                for kw in range(int(geo[KW])):
+                    d0 = kd * int(geo[DD]) - int(geo[PD])
+                    h0 = kh * int(geo[DH]) - int(geo[PH])
+                    w0 = kw * int(geo[DW]) - int(geo[PW])
+                    inside_w = [0 <= ow * sw + w0 < W for ow in range(oW)]
+                    lo = inside_w.index(True) if any(inside_w) else oW
+                    hi = oW - inside_w[::-1].index(True) if any(inside_w) else oW
+                    inside = (lo == 0 and hi == oW and sw == 1 and d0 >= 0 and h0 >= 0
+                              and (oD - 1) * sd + d0 < D and (oH - 1) * sh + h0 < H)
+                    Dp, Hp, Wp = D + 2 * int(geo[PD]), H + 2 * int(geo[PH]), W + 2 * int(geo[PW])
+                    direct = ((c * Dp + kd * int(geo[DD])) * Hp + kh * int(geo[DH])) * Wp \
+                        + kw * int(geo[DW])
+                    rows.append((c * D * H * W, d0, h0, w0, lo, hi, int(inside), direct))
+    return np.array(rows, dtype=np.int64).reshape(-1, 8)
 
 
-def _wide(geo):
-    return geo[SD] == 1 and geo[SH] == 1 and geo[SW] == 1
+def scratch_size(geo, transposed, batch):
+    """Room for one block of up to `batch` samples, fewer if that is over `BLOCK_ELEMS`
+    (the kernels read the block size back from the scratch's length): see
+    `_direct_forward` and `_cols_forward` for what a block holds."""
+    per = int(_per_sample.py_func(geo, transposed))
+    return per * max(1, min(int(batch), BLOCK_ELEMS // per))
 
 
-# ------------------------------------------------------------------- the kernels
-
-
-@jit
-def _im2col(geo, img, c0, col):
-    """col[(c, kd, kh, kw), (od, oh, ow)] = img[c0 + c, input position] (0 in the padding).
-
-    img: one sample's image side, flat (C * D * H * W); col: (rows, positions), overwritten.
-    """
-    Cg = geo[CI] // geo[GR]
-    D, H, W = geo[ID], geo[IH], geo[IW]
-    oD, oH, oW = geo[OD], geo[OH], geo[OW]
-    kD, kH, kW = geo[KD], geo[KH], geo[KW]
-    sd, sh, sw = geo[SD], geo[SH], geo[SW]
-    pd, ph, pw = geo[PD], geo[PH], geo[PW]
-    dd, dh, dw = geo[DD], geo[DH], geo[DW]
-    zero = col.dtype.type(0.0)
-    r = 0
-    for c in range(Cg):
-        src = img[(c0 + c) * D * H * W:(c0 + c + 1) * D * H * W]
-        for kd in range(kD):
-            for kh in range(kH):
-                for kw in range(kW):
-                    row = col[r]
-                    r += 1
-                    iw0 = kw * dw - pw
-                    # output columns whose input column is inside: lo <= ow < hi
-                    lo = min(oW, max(0, (-iw0 + sw - 1) // sw))
-                    hi = max(lo, min(oW, (W - 1 - iw0) // sw + 1)) if W - 1 - iw0 >= 0 else lo
-                    for od in range(oD):
-                        i_d = od * sd + kd * dd - pd
-                        for oh in range(oH):
-                            ih = oh * sh + kh * dh - ph
-                            dst = row[(od * oH + oh) * oW:(od * oH + oh + 1) * oW]
-                            if i_d < 0 or i_d >= D or ih < 0 or ih >= H:
-                                for ow in range(oW):
-                                    dst[ow] = zero
-                                continue
-                            line = src[(i_d * H + ih) * W:(i_d * H + ih + 1) * W]
-                            for ow in range(lo):
-                                dst[ow] = zero
-                            if sw == 1:
-                                for ow in range(lo, hi):
-                                    dst[ow] = line[ow + iw0]
-                            else:
-                                for ow in range(lo, hi):
-                                    dst[ow] = line[ow * sw + iw0]
-                            for ow in range(hi, oW):
-                                dst[ow] = zero
-
-
-@jit
-def _col2im(geo, col, c0, img):
-    """img[c0 + c, input position] += col[(c, kd, kh, kw), (od, oh, ow)]: the adjoint of
-    `_im2col` (padding entries dropped). Accumulates into img."""
-    Cg = geo[CI] // geo[GR]
-    D, H, W = geo[ID], geo[IH], geo[IW]
-    oD, oH, oW = geo[OD], geo[OH], geo[OW]
-    kD, kH, kW = geo[KD], geo[KH], geo[KW]
-    sd, sh, sw = geo[SD], geo[SH], geo[SW]
-    pd, ph, pw = geo[PD], geo[PH], geo[PW]
-    dd, dh, dw = geo[DD], geo[DH], geo[DW]
-    r = 0
-    for c in range(Cg):
-        dst = img[(c0 + c) * D * H * W:(c0 + c + 1) * D * H * W]
-        for kd in range(kD):
-            for kh in range(kH):
-                for kw in range(kW):
-                    row = col[r]
-                    r += 1
-                    iw0 = kw * dw - pw
-                    lo = min(oW, max(0, (-iw0 + sw - 1) // sw))
-                    hi = max(lo, min(oW, (W - 1 - iw0) // sw + 1)) if W - 1 - iw0 >= 0 else lo
-                    for od in range(oD):
-                        i_d = od * sd + kd * dd - pd
-                        if i_d < 0 or i_d >= D:
-                            continue
-                        for oh in range(oH):
-                            ih = oh * sh + kh * dh - ph
-                            if ih < 0 or ih >= H:
-                                continue
-                            src = row[(od * oH + oh) * oW:(od * oH + oh + 1) * oW]
-                            line = dst[(i_d * H + ih) * W:(i_d * H + ih + 1) * W]
-                            if sw == 1:
-                                for ow in range(lo, hi):
-                                    line[ow + iw0] += src[ow]
-                            else:
-                                for ow in range(lo, hi):
-                                    line[ow * sw + iw0] += src[ow]
-
-
-@jit
-def _forward_block(geo, transposed, X, p, has_bias, Y, buf, a, b):
-    """Samples a:b of the forward pass on one thread (its scratch `buf`)."""
-    G = geo[GR]
-    cimg, ccol = geo[CI], geo[CO]
-    rows = cimg // G * geo[KD] * geo[KH] * geo[KW]
-    P = geo[OD] * geo[OH] * geo[OW]
-    S = geo[ID] * geo[IH] * geo[IW]
-    Og = ccol // G
-    W2 = p[:ccol * rows].reshape((ccol, rows))
-    col = buf[:rows * P].reshape((rows, P))
-    for n in range(a, b):
-        if not transposed:
-            z = Y[n].reshape((ccol, P))
-            for o in range(ccol):
-                bo = p[ccol * rows + o] if has_bias else p.dtype.type(0.0)
-                zo = z[o]
-                for j in range(P):
-                    zo[j] = bo
-            for g in range(G):
-                _im2col(geo, X[n], g * (cimg // G), col)
-                gemm_nn(z[g * Og:(g + 1) * Og], W2[g * Og:(g + 1) * Og], col, True)
-        else:
-            # the layer's output is the image side: col2im of W^T x
-            y = Y[n]
-            for c in range(cimg):
-                bc = p[ccol * rows + c] if has_bias else p.dtype.type(0.0)
-                for j in range(c * S, (c + 1) * S):
-                    y[j] = bc
-            x = X[n].reshape((ccol, P))
-            for g in range(G):
-                gemm_nn(col, W2[g * Og:(g + 1) * Og].T, x[g * Og:(g + 1) * Og], False)
-                _col2im(geo, col, g * (cimg // G), y)
-
-
-@jit
-def _pullback_block(geo, transposed, X, p, has_bias, V, Xbar, want_x, gp, buf, a, b):
-    """Samples a:b of the pullback on one thread: gp += parameter cotangent; Xbar written."""
-    G = geo[GR]
-    cimg, ccol = geo[CI], geo[CO]
-    rows = cimg // G * geo[KD] * geo[KH] * geo[KW]
-    P = geo[OD] * geo[OH] * geo[OW]
-    S = geo[ID] * geo[IH] * geo[IW]
-    Og = ccol // G
-    Cg = cimg // G
-    W2 = p[:ccol * rows].reshape((ccol, rows))
-    gW = gp[:ccol * rows].reshape((ccol, rows))
-    col = buf[:rows * P].reshape((rows, P))
-    dcol = buf[rows * P:2 * rows * P].reshape((rows, P))
-    zero = p.dtype.type(0.0)
-    for n in range(a, b):
-        if not transposed:
-            # V[n]: dL/dz (ccol, P); X[n]: image
-            dz = V[n].reshape((ccol, P))
-            img = X[n]
-            if has_bias:
-                for o in range(ccol):
-                    s = zero
-                    d = dz[o]
-                    for j in range(P):
-                        s += d[j]
-                    gp[ccol * rows + o] += s
-            if want_x:
-                xb = Xbar[n]
-                for j in range(xb.shape[0]):
-                    xb[j] = zero
-        else:
-            # V[n]: dL/dy, the image side; X[n]: the columns' side (ccol, P)
-            dz = X[n].reshape((ccol, P))
-            img = V[n]
-            if has_bias:
-                for c in range(cimg):
-                    s = zero
-                    for j in range(c * S, (c + 1) * S):
-                        s += img[j]
-                    gp[ccol * rows + c] += s
-        for g in range(G):
-            _im2col(geo, img, g * Cg, col)
-            gemm_nt(gW[g * Og:(g + 1) * Og], dz[g * Og:(g + 1) * Og], col)
-            if want_x:
-                if not transposed:
-                    gemm_nn(dcol, W2[g * Og:(g + 1) * Og].T, dz[g * Og:(g + 1) * Og], False)
-                    _col2im(geo, dcol, g * Cg, Xbar[n])
-                else:
-                    xb = Xbar[n].reshape((ccol, P))
-                    gemm_nn(xb[g * Og:(g + 1) * Og], W2[g * Og:(g + 1) * Og], col, False)
-
-
-# ------------------------------------------------------- stride 1: the wide path
+# ------------------------------------------------------------ the columns path
 #
-# With stride 1, output position (od, oh, ow) of tap k reads the padded image at
-# j + offs[k], where j = (od * XH + oh) * XW + ow is the position in the padded image's
-# index space. So the taps are windows of the padded image itself (no unfolding): the
-# kernels compute a "wide" output over j in 0..JW-1 (`gemm_nn_rows`), whose entries at
-# oh >= OH or ow >= OW are discarded, and the input gradient adds each tap's row back
-# at its offset.
+# Strides along W other than 1, and transposed convolutions. A block of m samples is one
+# matrix product per group: the samples' columns side by
+# side, col (rows, m * P), and the column side channel-major, Z (C', m * P), so that a
+# product's rows are long (m * P) and its register blocks run at the speed of the FMA
+# units rather than of their loop overhead. Z is copied from and to the batch-first
+# (N, C', P) arrays by `_gather_cols` and `_scatter_cols` (runs of P).
 
 
 @jit
-def _pad(geo, img, ipad):
-    """ipad = img zero-padded, (C, xd, xh, xw) flat."""
-    C, D, H, W = geo[CI], geo[ID], geo[IH], geo[IW]
-    xd, xh, xw = geo[XD], geo[XH], geo[XW]
-    pd, ph, pw = geo[PD], geo[PH], geo[PW]
-    if pd == 0 and ph == 0 and pw == 0:
-        for i in range(C * D * H * W):
-            ipad[i] = img[i]
-        return
-    for i in range(C * xd * xh * xw):
-        ipad[i] = 0.0
-    for c in range(C):
-        for d in range(D):
-            for h in range(H):
-                src = ((c * D + d) * H + h) * W
-                dst = ((c * xd + d + pd) * xh + h + ph) * xw + pw
-                for w in range(W):
-                    ipad[dst + w] = img[src + w]
+def _im2col(geo, taps, img, c0, col, j0):
+    """col[(c, kd, kh, kw), j0 + (od, oh, ow)] = img[c0 + c, input position] (0 in the
+    padding): one sample's columns of a block's matrix.
 
-
-@jit
-def _unpad(geo, dpad, img, bias, has_bias):
-    """img (C, D, H, W) = the inner part of dpad (+ bias per channel), overwritten."""
-    C, D, H, W = geo[CI], geo[ID], geo[IH], geo[IW]
-    xd, xh, xw = geo[XD], geo[XH], geo[XW]
-    pd, ph, pw = geo[PD], geo[PH], geo[PW]
-    for c in range(C):
-        b = bias[c] if has_bias else img.dtype.type(0.0)
-        for d in range(D):
-            for h in range(H):
-                dst = ((c * D + d) * H + h) * W
-                src = ((c * xd + d + pd) * xh + h + ph) * xw + pw
-                for w in range(W):
-                    img[dst + w] = dpad[src + w] + b
-
-
-@jit
-def _from_wide(geo, zw, z, bias, has_bias):
-    """z (C', OD, OH, OW) flat = the valid entries of the wide zw (C', JW) (+ bias)."""
+    img: one sample's image side, flat (C * D * H * W); col: (rows, block positions),
+    its columns j0 .. j0 + OD * OH * OW overwritten; taps: `_taps`.
+    """
+    D, H, W = geo[ID], geo[IH], geo[IW]
     oD, oH, oW = geo[OD], geo[OH], geo[OW]
-    xh, xw = geo[XH], geo[XW]
-    for o in range(geo[CO]):
-        b = bias[o] if has_bias else z.dtype.type(0.0)
-        src = zw[o]
-        for d in range(oD):
-            for h in range(oH):
-                dst = ((o * oD + d) * oH + h) * oW
-                at = (d * xh + h) * xw
-                for w in range(oW):
-                    z[dst + w] = src[at + w] + b
+    sd, sh, sw = geo[SD], geo[SH], geo[SW]
+    P = oD * oH * oW
+    zero = col.dtype.type(0.0)
+    for r in range(taps.shape[0]):
+        base = c0 * D * H * W + taps[r, 0]
+        d0, h0, w0, lo, hi = taps[r, 1], taps[r, 2], taps[r, 3], taps[r, 4], taps[r, 5]
+        row = col[r, j0:j0 + P]
+        if taps[r, 6]:
+            for od in range(oD):
+                for oh in range(oH):
+                    d = row[(od * oH + oh) * oW:(od * oH + oh + 1) * oW]
+                    s = img[base + ((od * sd + d0) * H + oh * sh + h0) * W + w0:]
+                    for t in range(oW):
+                        d[t] = s[t]
+            continue
+        for t in range(P):
+            row[t] = zero
+        for od in range(oD):
+            i_d = od * sd + d0
+            for oh in range(oH):
+                ih = oh * sh + h0
+                if 0 <= i_d < D and 0 <= ih < H:
+                    d = row[(od * oH + oh) * oW + lo:(od * oH + oh) * oW + hi]
+                    s = img[base + (i_d * H + ih) * W + lo * sw + w0:]
+                    for t in range(hi - lo):
+                        d[t] = s[t * sw]
 
 
 @jit
-def _to_wide(geo, z, zw):
-    """zw (C', JW) = z (C', OD, OH, OW) at its wide positions, 0 elsewhere."""
+def _col2im(geo, taps, col, j0, c0, img):
+    """img[c0 + c, input position] += col[(c, kd, kh, kw), j0 + (od, oh, ow)]: the adjoint
+    of `_im2col` (padding entries dropped). Accumulates into img."""
+    D, H, W = geo[ID], geo[IH], geo[IW]
     oD, oH, oW = geo[OD], geo[OH], geo[OW]
-    xh, xw = geo[XH], geo[XW]
-    for o in range(geo[CO]):
-        dst = zw[o]
-        for j in range(dst.shape[0]):
-            dst[j] = 0.0
-        for d in range(oD):
-            for h in range(oH):
-                src = ((o * oD + d) * oH + h) * oW
-                at = (d * xh + h) * xw
-                for w in range(oW):
-                    dst[at + w] = z[src + w]
+    sd, sh, sw = geo[SD], geo[SH], geo[SW]
+    P = oD * oH * oW
+    for r in range(taps.shape[0]):
+        base = c0 * D * H * W + taps[r, 0]
+        d0, h0, w0, lo, hi = taps[r, 1], taps[r, 2], taps[r, 3], taps[r, 4], taps[r, 5]
+        row = col[r, j0:j0 + P]
+        if taps[r, 6]:
+            for od in range(oD):
+                for oh in range(oH):
+                    s = row[(od * oH + oh) * oW:(od * oH + oh + 1) * oW]
+                    d = img[base + ((od * sd + d0) * H + oh * sh + h0) * W + w0:]
+                    for t in range(oW):
+                        d[t] += s[t]
+            continue
+        for od in range(oD):
+            i_d = od * sd + d0
+            for oh in range(oH):
+                ih = oh * sh + h0
+                if 0 <= i_d < D and 0 <= ih < H:
+                    s = row[(od * oH + oh) * oW + lo:(od * oH + oh) * oW + hi]
+                    d = img[base + (i_d * H + ih) * W + lo * sw + w0:]
+                    for t in range(hi - lo):
+                        d[t * sw] += s[t]
 
 
 @jit
-def _add_rows(dcol, dpad, offs, base):
-    """dpad[base + offs[k] + j] += dcol[k, j]: the taps' cotangents back onto the image."""
-    J = dcol.shape[1]
-    for k in range(dcol.shape[0]):
-        dst = dpad[base + offs[k]:base + offs[k] + J]
-        src = dcol[k]
-        for j in range(J):
-            dst[j] += src[j]
+def _gather_cols(Xc, n0, m, Z):
+    """Z[o, i * P + j] = Xc[n0 + i, o * P + j] for i < m: a block channel-major."""
+    O, J = Z.shape
+    P = J // m
+    for i in range(m):
+        x = Xc[n0 + i]
+        for o in range(O):
+            z = Z[o, i * P:(i + 1) * P]
+            s = x[o * P:(o + 1) * P]
+            for j in range(P):
+                z[j] = s[j]
 
 
 @jit
-def _wide_forward(geo, offs, transposed, X, p, has_bias, Y, buf):
+def _scatter_cols(Z, n0, m, Yc, bias, has_bias):
+    """Yc[n0 + i, o * P + j] = Z[o, i * P + j] (+ bias[o]) for i < m."""
+    O, J = Z.shape
+    P = J // m
+    for i in range(m):
+        y = Yc[n0 + i]
+        for o in range(O):
+            b = bias[o] if has_bias else Z.dtype.type(0.0)
+            z = Z[o, i * P:(i + 1) * P]
+            d = y[o * P:(o + 1) * P]
+            for j in range(P):
+                d[j] = z[j] + b
+
+
+@jit
+def _direct(geo, transposed):
+    """Whether the direct path serves this convolution: a `Conv` with stride 1 along W."""
+    return not transposed and geo[SW] == 1
+
+
+@jit
+def _per_sample(geo, transposed):
+    """Scratch elements per sample of a block (same test as `_direct`, spelled out so that
+    `scratch_size` can run it as plain Python)."""
+    rows = geo[CI] // geo[GR] * geo[KD] * geo[KH] * geo[KW]
+    P = geo[OD] * geo[OH] * geo[OW]
+    if not transposed and geo[SW] == 1:
+        padded = geo[CI] * (geo[ID] + 2 * geo[PD]) * (geo[IH] + 2 * geo[PH]) \
+            * (geo[IW] + 2 * geo[PW])
+        return 2 * padded + geo[CO] * P + rows * geo[OW]
+    return (rows + geo[CO]) * P
+
+
+@jit
+def _cols_forward(geo, taps, transposed, X, p, has_bias, Y, scratch):
+    """Y = conv(X) (or its transpose) for every row: X (N, in), Y (N, out), flat per
+    sample; Y overwritten, `scratch` (`scratch_size`) holds a block's columns."""
     G = geo[GR]
     cimg, ccol = geo[CI], geo[CO]
     Cg, Og = cimg // G, ccol // G
     rows = Cg * geo[KD] * geo[KH] * geo[KW]
-    J = geo[JW]
-    SP = geo[XD] * geo[XH] * geo[XW]
+    P = geo[OD] * geo[OH] * geo[OW]
+    S = geo[ID] * geo[IH] * geo[IW]
     W2 = p[:ccol * rows].reshape((ccol, rows))
     bias = p[ccol * rows:]
-    ipad = buf[:cimg * SP]
-    zw = buf[cimg * SP:cimg * SP + ccol * J].reshape((ccol, J))
-    dcol = buf[cimg * SP + 2 * ccol * J:cimg * SP + (2 * ccol + rows) * J].reshape((rows, J))
-    dpad = buf[cimg * SP + (2 * ccol + rows) * J:2 * cimg * SP + (2 * ccol + rows) * J]
-    for n in range(X.shape[0]):
+    N = X.shape[0]
+    nb = max(1, min(N, scratch.shape[0] // _per_sample(geo, transposed)))
+    for n0 in range(0, N, nb):
+        m = min(nb, N - n0)
+        J = m * P
+        col = scratch[:rows * J].reshape((rows, J))
+        Z = scratch[rows * J:(rows + ccol) * J].reshape((ccol, J))
         if not transposed:
-            _pad(geo, X[n], ipad)
             for g in range(G):
-                gemm_nn_rows(zw[g * Og:(g + 1) * Og], W2[g * Og:(g + 1) * Og], ipad, offs,
-                             g * Cg * SP, False)
-            _from_wide(geo, zw, Y[n], bias, has_bias)
+                for i in range(m):
+                    _im2col(geo, taps, X[n0 + i], g * Cg, col, i * P)
+                gemm_nn(Z[g * Og:(g + 1) * Og], W2[g * Og:(g + 1) * Og], col, False)
+            _scatter_cols(Z, n0, m, Y, bias, has_bias)
         else:
-            _to_wide(geo, X[n], zw)
-            for i in range(cimg * SP):
-                dpad[i] = 0.0
+            # the layer's output is the image side: col2im of W^T x
+            _gather_cols(X, n0, m, Z)
+            for i in range(m):
+                y = Y[n0 + i]
+                for c in range(cimg):
+                    bc = bias[c] if has_bias else p.dtype.type(0.0)
+                    for j in range(c * S, (c + 1) * S):
+                        y[j] = bc
             for g in range(G):
-                gemm_nn(dcol, W2[g * Og:(g + 1) * Og].T, zw[g * Og:(g + 1) * Og], False)
-                _add_rows(dcol, dpad, offs, g * Cg * SP)
-            _unpad(geo, dpad, Y[n], bias, has_bias)
+                gemm_nn(col, W2[g * Og:(g + 1) * Og].T, Z[g * Og:(g + 1) * Og], False)
+                for i in range(m):
+                    _col2im(geo, taps, col, i * P, g * Cg, Y[n0 + i])
 
 
 @jit
-def _wide_pullback(geo, offs, transposed, X, p, has_bias, V, Xbar, want_x, gp, buf):
+def _cols_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, scratch):
+    """gp += V^T dY/dp over the rows; Xbar = V^T dY/dX if `want_x` (overwritten).
+    V is read only; `scratch` holds a block's columns and column-side matrix."""
     G = geo[GR]
     cimg, ccol = geo[CI], geo[CO]
     Cg, Og = cimg // G, ccol // G
     rows = Cg * geo[KD] * geo[KH] * geo[KW]
-    J = geo[JW]
-    SP = geo[XD] * geo[XH] * geo[XW]
-    S = geo[ID] * geo[IH] * geo[IW]
     P = geo[OD] * geo[OH] * geo[OW]
+    S = geo[ID] * geo[IH] * geo[IW]
     W2 = p[:ccol * rows].reshape((ccol, rows))
     gW = gp[:ccol * rows].reshape((ccol, rows))
-    ipad = buf[:cimg * SP]
-    zw = buf[cimg * SP:cimg * SP + ccol * J].reshape((ccol, J))
-    zw2 = buf[cimg * SP + ccol * J:cimg * SP + 2 * ccol * J].reshape((ccol, J))
-    dcol = buf[cimg * SP + 2 * ccol * J:cimg * SP + (2 * ccol + rows) * J].reshape((rows, J))
-    dpad = buf[cimg * SP + (2 * ccol + rows) * J:2 * cimg * SP + (2 * ccol + rows) * J]
     zero = p.dtype.type(0.0)
-    for n in range(X.shape[0]):
-        if not transposed:
-            img, cols = X[n], V[n]
-        else:
-            img, cols = V[n], X[n]
+    N = X.shape[0]
+    nb = max(1, min(N, scratch.shape[0] // _per_sample(geo, transposed)))
+    for n0 in range(0, N, nb):
+        m = min(nb, N - n0)
+        J = m * P
+        col = scratch[:rows * J].reshape((rows, J))
+        Z = scratch[rows * J:(rows + ccol) * J].reshape((ccol, J))
+        # Z: the column side's cotangent (a Conv) or value (a ConvTranspose's input)
+        _gather_cols(V if not transposed else X, n0, m, Z)
         if has_bias:
             if not transposed:
                 for o in range(ccol):
                     s = zero
-                    for j in range(o * P, (o + 1) * P):
-                        s += cols[j]
+                    z = Z[o]
+                    for j in range(J):
+                        s += z[j]
                     gp[ccol * rows + o] += s
             else:
-                for c in range(cimg):
-                    s = zero
-                    for j in range(c * S, (c + 1) * S):
-                        s += img[j]
-                    gp[ccol * rows + c] += s
-        _pad(geo, img, ipad)
-        _to_wide(geo, cols, zw)
+                for i in range(m):
+                    img = V[n0 + i]
+                    for c in range(cimg):
+                        s = zero
+                        for j in range(c * S, (c + 1) * S):
+                            s += img[j]
+                        gp[ccol * rows + c] += s
+        if want_x and not transposed:
+            for i in range(m):
+                xb = Xbar[n0 + i]
+                for j in range(xb.shape[0]):
+                    xb[j] = zero
         for g in range(G):
-            gemm_nt_rows(gW[g * Og:(g + 1) * Og], zw[g * Og:(g + 1) * Og], ipad, offs,
-                         g * Cg * SP)
-        if not want_x:
-            continue
-        if not transposed:
-            for i in range(cimg * SP):
-                dpad[i] = 0.0
-            for g in range(G):
-                gemm_nn(dcol, W2[g * Og:(g + 1) * Og].T, zw[g * Og:(g + 1) * Og], False)
-                _add_rows(dcol, dpad, offs, g * Cg * SP)
-            _unpad(geo, dpad, Xbar[n], p, False)
-        else:
-            for g in range(G):
-                gemm_nn_rows(zw2[g * Og:(g + 1) * Og], W2[g * Og:(g + 1) * Og], ipad, offs,
-                             g * Cg * SP, False)
-            _from_wide(geo, zw2, Xbar[n], p, False)
+            zg = Z[g * Og:(g + 1) * Og]
+            for i in range(m):
+                _im2col(geo, taps, X[n0 + i] if not transposed else V[n0 + i], g * Cg, col,
+                        i * P)
+            gemm_nt(gW[g * Og:(g + 1) * Og], zg, col)
+            if want_x:
+                if not transposed:
+                    # col no longer needed: it takes the columns' cotangent
+                    gemm_nn(col, W2[g * Og:(g + 1) * Og].T, zg, False)
+                    for i in range(m):
+                        _col2im(geo, taps, col, i * P, g * Cg, Xbar[n0 + i])
+                else:
+                    # this group's rows of Z are done with: they take its input gradient
+                    gemm_nn(zg, W2[g * Og:(g + 1) * Og], col, False)
+        if want_x and transposed:
+            _scatter_cols(Z, n0, m, Xbar, p, False)
+
+
+# ------------------------------------------------------------------ the direct path
+#
+# Stride 1 along W. A block of m samples is held sample-fastest and zero-padded, Ib
+# (C, D + 2 pd, H + 2 ph, W + 2 pw, m), so that the input of a tap for one output row
+# (all ow, all samples) is one contiguous window of Ib, read in place by the products
+# (`gemm_nn_rows`: no unfolding); the column side is held by output row, Zb (G, OD *
+# OH, C'/G, OW * m), so that each row's product writes one contiguous matrix. Windows
+# of neighbouring taps are m elements apart (a whole vector for m >= 16), which keeps
+# the input gradient's overlapping adds free of partial store-to-load forwarding.
 
 
 @jit
-def conv_forward(geo, offs, transposed, X, p, has_bias, Y, scratch):
+def _pad_block(geo, X, n0, m, Ib):
+    """Ib (C, Dp, Hp, Wp, m) = samples n0 .. n0 + m of X (N, C * D * H * W), padded."""
+    C, D, H, W = geo[CI], geo[ID], geo[IH], geo[IW]
+    pd, ph, pw = geo[PD], geo[PH], geo[PW]
+    Dp, Hp, Wp = D + 2 * pd, H + 2 * ph, W + 2 * pw
+    if pd or ph or pw:
+        for t in range(C * Dp * Hp * Wp * m):
+            Ib[t] = 0.0
+    # the samples innermost: contiguous writes, m strided reads each
+    Xm = X[n0:n0 + m]
+    for c in range(C):
+        for d in range(D):
+            for h in range(H):
+                s = ((c * D + d) * H + h) * W
+                o = (((c * Dp + d + pd) * Hp + h + ph) * Wp + pw) * m
+                for w in range(W):
+                    dst = Ib[o + w * m:o + w * m + m]
+                    for i in range(m):
+                        dst[i] = Xm[i, s + w]
+
+
+@jit
+def _unpad_block(geo, Ib, n0, m, X):
+    """X[n0 + i] = the inner part of the padded block Ib, for i < m: `_pad_block` undone."""
+    C, D, H, W = geo[CI], geo[ID], geo[IH], geo[IW]
+    pd, ph, pw = geo[PD], geo[PH], geo[PW]
+    Dp, Hp, Wp = D + 2 * pd, H + 2 * ph, W + 2 * pw
+    for i in range(m):
+        x = X[n0 + i]
+        for c in range(C):
+            for d in range(D):
+                for h in range(H):
+                    s = x[((c * D + d) * H + h) * W:]
+                    o = (((c * Dp + d + pd) * Hp + h + ph) * Wp + pw) * m + i
+                    for w in range(W):
+                        s[w] = Ib[o + w * m]
+
+
+@jit
+def _rows_from_lines(geo, Zb, n0, m, Y, bias, has_bias):
+    """Y[n0 + i, (c', od, oh, ow)] = Zb[g, (od, oh), c' - g C'/G, ow * m + i] (+ bias)."""
+    G = geo[GR]
+    Og = geo[CO] // G
+    L = geo[OD] * geo[OH]
+    oW = geo[OW]
+    J = oW * m
+    zero = Y.dtype.type(0.0)
+    # one sample at a time: contiguous writes, strided reads (the reverse is slower)
+    for i in range(m):
+        y = Y[n0 + i]
+        for g in range(G):
+            for o in range(Og):
+                b = bias[g * Og + o] if has_bias else zero
+                for l in range(L):
+                    s = Zb[((g * L + l) * Og + o) * J + i:]
+                    d = y[((g * Og + o) * L + l) * oW:]
+                    for w in range(oW):
+                        d[w] = s[w * m] + b
+
+
+@jit
+def _lines_from_rows(geo, V, n0, m, Zb):
+    """`_rows_from_lines` undone (no bias): Zb from rows n0 .. n0 + m of V."""
+    G = geo[GR]
+    Og = geo[CO] // G
+    L = geo[OD] * geo[OH]
+    oW = geo[OW]
+    J = oW * m
+    Vm = V[n0:n0 + m]
+    for g in range(G):
+        for o in range(Og):
+            for l in range(L):
+                q = ((g * L + l) * Og + o) * J
+                s = ((g * Og + o) * L + l) * oW
+                for w in range(oW):
+                    dst = Zb[q + w * m:q + w * m + m]
+                    for i in range(m):
+                        dst[i] = Vm[i, s + w]
+
+
+@jit
+def _direct_blocks(geo, scratch, m):
+    """A block's buffers: Ib, its cotangent Xb (both padded images), Zb, and dcol
+    (the taps' cotangent for one output row, (rows, OW * m))."""
+    rows = geo[CI] // geo[GR] * geo[KD] * geo[KH] * geo[KW]
+    SP = geo[CI] * (geo[ID] + 2 * geo[PD]) * (geo[IH] + 2 * geo[PH]) * (geo[IW] + 2 * geo[PW])
+    nz = geo[CO] * geo[OD] * geo[OH] * geo[OW] * m
+    Ib = scratch[:SP * m]
+    Xb = scratch[SP * m:2 * SP * m]
+    Zb = scratch[2 * SP * m:2 * SP * m + nz]
+    dcol = scratch[2 * SP * m + nz:2 * SP * m + nz + rows * geo[OW] * m]
+    return Ib, Xb, Zb, dcol.reshape((rows, geo[OW] * m))
+
+
+@jit(inline="always")
+def _line_base(geo, g, l, m):
+    """Offset in Ib of output row l = (od, oh)'s window origin in group g."""
+    Hp, Wp = geo[IH] + 2 * geo[PH], geo[IW] + 2 * geo[PW]
+    Dp = geo[ID] + 2 * geo[PD]
+    od, oh = l // geo[OH], l % geo[OH]
+    return ((g * (geo[CI] // geo[GR]) * Dp + od * geo[SD]) * Hp + oh * geo[SH]) * Wp * m
+
+
+@jit
+def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
+    G = geo[GR]
+    ccol = geo[CO]
+    Og = ccol // G
+    rows = taps.shape[0]
+    L = geo[OD] * geo[OH]
+    W2 = p[:ccol * rows].reshape((ccol, rows))
+    bias = p[ccol * rows:]
+    offs = taps[:, 7]
+    N = X.shape[0]
+    nb = max(1, min(N, scratch.shape[0] // _per_sample(geo, False)))
+    for n0 in range(0, N, nb):
+        m = min(nb, N - n0)
+        J = geo[OW] * m
+        Ib, Xb, Zb, dcol = _direct_blocks(geo, scratch, m)
+        _pad_block(geo, X, n0, m, Ib)
+        Z3 = Zb.reshape((G * L, Og, J))
+        for g in range(G):
+            for l in range(L):
+                gemm_nn_rows(Z3[g * L + l], W2[g * Og:(g + 1) * Og], Ib, offs,
+                             _line_base(geo, g, l, m), m, False)
+        _rows_from_lines(geo, Zb, n0, m, Y, bias, has_bias)
+
+
+@jit
+def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
+    G = geo[GR]
+    ccol = geo[CO]
+    Og = ccol // G
+    rows = taps.shape[0]
+    L = geo[OD] * geo[OH]
+    P = L * geo[OW]
+    W2 = p[:ccol * rows].reshape((ccol, rows))
+    gW = gp[:ccol * rows].reshape((ccol, rows))
+    offs = taps[:, 7]
+    zero = p.dtype.type(0.0)
+    N = X.shape[0]
+    nb = max(1, min(N, scratch.shape[0] // _per_sample(geo, False)))
+    for n0 in range(0, N, nb):
+        m = min(nb, N - n0)
+        J = geo[OW] * m
+        Ib, Xb, Zb, dcol = _direct_blocks(geo, scratch, m)
+        _lines_from_rows(geo, V, n0, m, Zb)
+        if has_bias:
+            for i in range(m):
+                v = V[n0 + i]
+                for o in range(ccol):
+                    s = zero
+                    for j in range(o * P, (o + 1) * P):
+                        s += v[j]
+                    gp[ccol * rows + o] += s
+        _pad_block(geo, X, n0, m, Ib)
+        Z3 = Zb.reshape((G * L, Og, J))
+        if want_x:
+            for t in range(Xb.shape[0]):
+                Xb[t] = zero
+        for g in range(G):
+            for l in range(L):
+                base = _line_base(geo, g, l, m)
+                gemm_nt_rows(gW[g * Og:(g + 1) * Og], Z3[g * L + l], Ib, offs, base, m)
+                if want_x:
+                    gemm_nn(dcol, W2[g * Og:(g + 1) * Og].T, Z3[g * L + l], False)
+                    for k in range(rows):
+                        d = Xb[base + offs[k] * m:base + offs[k] * m + J]
+                        s = dcol[k]
+                        for j in range(J):
+                            d[j] += s[j]
+        if want_x:
+            _unpad_block(geo, Xb, n0, m, Xbar)
+
+
+@jit
+def conv_forward(geo, taps, transposed, X, p, has_bias, Y, scratch):
     """Y = conv(X) (or its transpose) for every row: X (N, in), Y (N, out), flat per
-    sample; Y overwritten, `scratch` (`scratch_size`) used for the columns."""
-    if geo[SD] == 1 and geo[SH] == 1 and geo[SW] == 1:
-        _wide_forward(geo, offs, transposed, X, p, has_bias, Y, scratch)
+    sample; Y overwritten, `scratch` (`scratch_size`) holds a block's buffers."""
+    if _direct(geo, transposed):
+        _direct_forward(geo, taps, X, p, has_bias, Y, scratch)
     else:
-        _forward_block(geo, transposed, X, p, has_bias, Y, scratch, 0, X.shape[0])
+        _cols_forward(geo, taps, transposed, X, p, has_bias, Y, scratch)
 
 
 @jit
-def conv_pullback(geo, offs, transposed, X, p, has_bias, V, Xbar, want_x, pbar, scratch):
-    """pbar += V^T dY/dp over the rows; Xbar = V^T dY/dX if `want_x` (overwritten).
-    V is read only; `scratch` holds the columns and their cotangent."""
-    if geo[SD] == 1 and geo[SH] == 1 and geo[SW] == 1:
-        _wide_pullback(geo, offs, transposed, X, p, has_bias, V, Xbar, want_x, pbar, scratch)
+def conv_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, scratch):
+    """gp += V^T dY/dp over the rows; Xbar = V^T dY/dX if `want_x` (overwritten).
+    V is read only; `scratch` holds a block's buffers."""
+    if _direct(geo, transposed):
+        _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch)
     else:
-        _pullback_block(geo, transposed, X, p, has_bias, V, Xbar, want_x, pbar, scratch, 0,
-                        X.shape[0])
+        _cols_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, scratch)
 
 
 __all__ = ["Conv", "ConvTranspose", "conv_forward", "conv_pullback", "scratch_size"]

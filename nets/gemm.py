@@ -155,10 +155,10 @@ def gemm_nt(C, A, Bm):
 
 
 @jit
-def gemm_nn_rows(C, A, src, offs, base, accumulate):
-    """C[m, :] (+)= sum_k A[m, k] * src[base + offs[k]:][:J]: `gemm_nn` whose k-th row of
-    the right factor is a window of the 1-D `src` (rows may overlap: a convolution's
-    input read in place, without unfolding it)."""
+def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
+    """C[m, :] (+)= sum_k A[m, k] * src[base + offs[k] * step:][:J]: `gemm_nn` whose k-th
+    row of the right factor is a window of the 1-D `src` (rows may overlap: a
+    convolution's input read in place, without unfolding it)."""
     M, K = A.shape
     J = C.shape[1]
     if not accumulate:
@@ -174,10 +174,10 @@ def gemm_nn_rows(C, A, src, offs, base, accumulate):
         c2 = C[m + 2]
         c3 = C[m + 3]
         for k in range(0, K4, 4):
-            b0 = src[base + offs[k]:base + offs[k] + J]
-            b1 = src[base + offs[k + 1]:base + offs[k + 1] + J]
-            b2 = src[base + offs[k + 2]:base + offs[k + 2] + J]
-            b3 = src[base + offs[k + 3]:base + offs[k + 3] + J]
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
+            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
+            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
             a00, a01, a02, a03 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
             a10, a11, a12, a13 = A[m + 1, k], A[m + 1, k + 1], A[m + 1, k + 2], A[m + 1, k + 3]
             a20, a21, a22, a23 = A[m + 2, k], A[m + 2, k + 1], A[m + 2, k + 2], A[m + 2, k + 3]
@@ -189,7 +189,7 @@ def gemm_nn_rows(C, A, src, offs, base, accumulate):
                 c2[j] += a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
                 c3[j] += a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
         for k in range(K4, K):
-            b0 = src[base + offs[k]:base + offs[k] + J]
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
             a0, a1, a2, a3 = A[m, k], A[m + 1, k], A[m + 2, k], A[m + 3, k]
             for j in range(J):
                 x0 = b0[j]
@@ -200,15 +200,15 @@ def gemm_nn_rows(C, A, src, offs, base, accumulate):
     for m in range(M4, M):
         c0 = C[m]
         for k in range(K):
-            b0 = src[base + offs[k]:base + offs[k] + J]
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
             a0 = A[m, k]
             for j in range(J):
                 c0[j] += a0 * b0[j]
 
 
 @jit
-def gemm_nt_rows(C, A, src, offs, base):
-    """C[m, k] += sum_j A[m, j] * src[base + offs[k] + j] (the weight gradient of
+def gemm_nt_rows(C, A, src, offs, base, step):
+    """C[m, k] += sum_j A[m, j] * src[base + offs[k] * step + j] (the weight gradient of
     `gemm_nn_rows`)."""
     M, J = A.shape
     K = C.shape[1]
@@ -221,10 +221,10 @@ def gemm_nt_rows(C, A, src, offs, base):
         a2 = A[m + 2]
         a3 = A[m + 3]
         for k in range(0, K4, 4):
-            b0 = src[base + offs[k]:base + offs[k] + J]
-            b1 = src[base + offs[k + 1]:base + offs[k + 1] + J]
-            b2 = src[base + offs[k + 2]:base + offs[k + 2] + J]
-            b3 = src[base + offs[k + 3]:base + offs[k + 3] + J]
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
+            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
+            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
             s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
             s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = zero
             for j in range(J):
@@ -263,7 +263,7 @@ def gemm_nt_rows(C, A, src, offs, base):
             C[m + 3, k + 2] += s32
             C[m + 3, k + 3] += s33
         for k in range(K4, K):
-            b0 = src[base + offs[k]:base + offs[k] + J]
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
             s0 = s1 = s2 = s3 = zero
             for j in range(J):
                 x0 = b0[j]
@@ -278,7 +278,7 @@ def gemm_nt_rows(C, A, src, offs, base):
     for m in range(M4, M):
         a0 = A[m]
         for k in range(K):
-            b0 = src[base + offs[k]:base + offs[k] + J]
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
             s0 = zero
             for j in range(J):
                 s0 += a0[j] * b0[j]

@@ -242,9 +242,9 @@ def test_kernels_allocate_nothing(rng):
         g = np.zeros_like(pp)
         layer = L.layer
         if isinstance(layer, Conv):
-            geo, offs = layer._geo(L.in_shape)
-            cases += [(conv.conv_forward, (geo, offs, False, h, pp, True, y, lane.scratch[l])),
-                      (conv.conv_pullback, (geo, offs, False, h, pp, True, y, np.empty_like(h),
+            geo, taps = layer._geo(L.in_shape)
+            cases += [(conv.conv_forward, (geo, taps, False, h, pp, True, y, lane.scratch[l])),
+                      (conv.conv_pullback, (geo, taps, False, h, pp, True, y, np.empty_like(h),
                                             True, g, lane.scratch[l]))]
         elif isinstance(layer, MaxPool):
             geo = layer._geo(L.in_shape)
