@@ -326,7 +326,7 @@ _LAYER_GEO = {}  # (layer, input shape) -> (geo, taps)
 
 # Samples per block: a block's buffers (`_per_sample` each) are kept near this many
 # elements, so that they stay in L2 while the products sweep them.
-BLOCK_ELEMS = 1 << 16
+BLOCK_ELEMS = 1 << 17
 
 
 def _geometry(img_shape, col_shape, kernel, stride, padding, dilation, groups):
@@ -378,7 +378,10 @@ def scratch_size(geo, transposed, batch):
     (the kernels read the block size back from the scratch's length): see
     `_direct_forward` and `_cols_forward` for what a block holds."""
     per = int(_per_sample.py_func(geo, transposed))
-    return per * max(1, min(int(batch), BLOCK_ELEMS // per))
+    cap = BLOCK_ELEMS // per
+    # whole vectors: a direct product row is OW x (block size) long
+    cap = cap - cap % 16 if cap >= 16 else max(1, cap)
+    return per * min(int(batch), cap)
 
 
 # ------------------------------------------------------------ the columns path

@@ -197,9 +197,41 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
                 c1[j] += a1 * x0
                 c2[j] += a2 * x0
                 c3[j] += a3 * x0
-    for m in range(M4, M):
+    # the rows left: two at a time, then one, still four taps per pass over C
+    m = M4
+    if M - m >= 2:
         c0 = C[m]
-        for k in range(K):
+        c1 = C[m + 1]
+        for k in range(0, K4, 4):
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
+            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
+            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
+            a00, a01, a02, a03 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
+            a10, a11, a12, a13 = A[m + 1, k], A[m + 1, k + 1], A[m + 1, k + 2], A[m + 1, k + 3]
+            for j in range(J):
+                x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
+                c0[j] += a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
+                c1[j] += a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
+        for k in range(K4, K):
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            a0, a1 = A[m, k], A[m + 1, k]
+            for j in range(J):
+                x0 = b0[j]
+                c0[j] += a0 * x0
+                c1[j] += a1 * x0
+        m += 2
+    if m < M:
+        c0 = C[m]
+        for k in range(0, K4, 4):
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
+            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
+            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
+            a0, a1, a2, a3 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
+            for j in range(J):
+                c0[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
+        for k in range(K4, K):
             b0 = src[base + offs[k] * step:base + offs[k] * step + J]
             a0 = A[m, k]
             for j in range(J):
@@ -275,7 +307,47 @@ def gemm_nt_rows(C, A, src, offs, base, step):
             C[m + 1, k] += s1
             C[m + 2, k] += s2
             C[m + 3, k] += s3
-    for m in range(M4, M):
+    # the rows left: two at a time (eight sums per pass), then one
+    m = M4
+    if M - m >= 2:
+        a0 = A[m]
+        a1 = A[m + 1]
+        for k in range(0, K4, 4):
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
+            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
+            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
+            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
+            for j in range(J):
+                x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
+                y0, y1 = a0[j], a1[j]
+                s00 += y0 * x0
+                s01 += y0 * x1
+                s02 += y0 * x2
+                s03 += y0 * x3
+                s10 += y1 * x0
+                s11 += y1 * x1
+                s12 += y1 * x2
+                s13 += y1 * x3
+            C[m, k] += s00
+            C[m, k + 1] += s01
+            C[m, k + 2] += s02
+            C[m, k + 3] += s03
+            C[m + 1, k] += s10
+            C[m + 1, k + 1] += s11
+            C[m + 1, k + 2] += s12
+            C[m + 1, k + 3] += s13
+        for k in range(K4, K):
+            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            s0 = s1 = zero
+            for j in range(J):
+                x0 = b0[j]
+                s0 += a0[j] * x0
+                s1 += a1[j] * x0
+            C[m, k] += s0
+            C[m + 1, k] += s1
+        m += 2
+    if m < M:
         a0 = A[m]
         for k in range(K):
             b0 = src[base + offs[k] * step:base + offs[k] * step + J]

@@ -512,8 +512,57 @@ def _sum_block(geo, norm, X, Y, V, Xbar, backward):
 
 
 @jit
+def _tiles_2x2(geo):
+    """Whether the windows are 2 x 2 (along H, W) and tile the input exactly: stride 2, no
+    padding, no dilation (LeNet's pooling)."""
+    return (geo[ADAPT] == 0 and geo[KD] == 1 and geo[KH] == 2 and geo[KW] == 2
+            and geo[SD] == 1 and geo[SH] == 2 and geo[SW] == 2 and geo[PD] == 0
+            and geo[PH] == 0 and geo[PW] == 0 and geo[DH] == 1 and geo[DW] == 1
+            and geo[OD] == geo[ID] and 2 * geo[OH] == geo[IH] and 2 * geo[OW] == geo[IW])
+
+
+@jit
+def _max_2x2(geo, X, Y, V, Xbar, backward):
+    """`_max_block` for windows that tile the input (`_tiles_2x2`), an output row at a
+    time: each input position is in exactly one window, so the backward pass assigns
+    (no zeroing, no adding). Flat indices, not views per row: a view costs more than
+    a short row's work."""
+    W = geo[IW]
+    oH, oW = geo[OH], geo[OW]
+    zero = X.dtype.type(0.0)
+    for n in range(X.shape[0]):
+        x = X[n]
+        y = Y[n]
+        v = V[n]
+        xb = Xbar[n]
+        for q in range(geo[C] * geo[ID] * oH):  # output rows, all channels and depths
+            i0 = 2 * q * W
+            i1 = i0 + W
+            j = q * oW
+            if not backward:
+                for ow in range(oW):
+                    y[j + ow] = max(max(x[i0 + 2 * ow], x[i0 + 2 * ow + 1]),
+                                    max(x[i1 + 2 * ow], x[i1 + 2 * ow + 1]))
+                continue
+            for ow in range(oW):
+                m = y[j + ow]
+                g = v[j + ow]
+                # the first maximum in scan order, branch-free
+                e0 = x[i0 + 2 * ow] == m
+                e1 = (x[i0 + 2 * ow + 1] == m) and not e0
+                e2 = (x[i1 + 2 * ow] == m) and not (e0 or e1)
+                e3 = not (e0 or e1 or e2)
+                xb[i0 + 2 * ow] = g if e0 else zero
+                xb[i0 + 2 * ow + 1] = g if e1 else zero
+                xb[i1 + 2 * ow] = g if e2 else zero
+                xb[i1 + 2 * ow + 1] = g if e3 else zero
+
+
+@jit
 def _pool(geo, norm, X, Y, V, Xbar, taps, backward):
-    if geo[KIND] == MAX:
+    if geo[KIND] == MAX and _tiles_2x2(geo):
+        _max_2x2(geo, X, Y, V, Xbar, backward)
+    elif geo[KIND] == MAX:
         _max_block(geo, X, Y, V, Xbar, taps, backward)
     else:
         _sum_block(geo, norm, X, Y, V, Xbar, backward)

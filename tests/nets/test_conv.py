@@ -106,6 +106,43 @@ def test_gradients(shape, layer, rng):
     check_gradients(Chain(shape, layer), rng)
 
 
+@pytest.mark.parametrize("shape,layer", [
+    ((3, 30, 30), Conv(8, (3, 3), padding=1)),     # direct path, blocks of 9
+    ((3, 30, 30), Conv(8, (3, 3), stride=2)),      # columns path, blocks of 16
+    ((8, 14, 14), ConvTranspose(3, (3, 3))),       # columns path, transposed, 16
+], ids=repr)
+def test_blocks_of_samples(shape, layer, rng):
+    # The kernels take a batch in blocks of samples (the last one partial here): each
+    # sample gets what it gets alone, and the parameter cotangent is their sum.
+    chain = Chain(shape, layer)
+    p = chain.init_params(seed=3)
+    N = 37
+    x = rng.normal(size=(N, *shape))
+    v = rng.normal(size=(N, *chain.out_shape))
+
+    def run(xs, vs):
+        scratch = np.zeros(layer.scratch_size(shape, len(xs)))
+        y = np.empty((len(xs), *chain.out_shape))
+        layer.forward(None, xs, y, p, p[:0], scratch)
+        xbar, pbar = np.empty_like(xs), np.zeros_like(p)
+        layer.pullback(None, vs, xs, y, p, p[:0], pbar, xbar, scratch)
+        return y, xbar, pbar
+
+    y, xbar, pbar = run(x, v)
+    if isinstance(layer, Conv):
+        W, b = _params(chain, p)
+        np.testing.assert_allclose(y, ref_conv(x, W, b, layer.stride, layer.padding,
+                                               layer.dilation, layer.groups), rtol=1e-12,
+                                   atol=1e-12)
+    total = np.zeros_like(p)
+    for n in range(N):
+        y1, xbar1, pbar1 = run(x[n:n + 1], v[n:n + 1])
+        np.testing.assert_allclose(y[n], y1[0], rtol=1e-13, atol=1e-13)
+        np.testing.assert_allclose(xbar[n], xbar1[0], rtol=1e-13, atol=1e-13)
+        total += pbar1
+    np.testing.assert_allclose(pbar, total, rtol=1e-12, atol=1e-12)
+
+
 def test_conv_transpose_is_the_adjoint_of_conv(rng):
     # <conv(x), y> == <x, conv_transpose(y)> with the same weight and no bias.
     conv = Chain((2, 7, 6), Conv(4, (3, 2), stride=2, padding=1, dilation=(1, 2), bias=False))

@@ -101,7 +101,7 @@ def test_adaptive_forward(shape, layer, kind, rng):
                                rtol=1e-13, atol=1e-13)
 
 
-@pytest.mark.parametrize("shape,layer", [POOLS[1][:2], POOLS[3][:2], POOLS[6][:2],
+@pytest.mark.parametrize("shape,layer", [POOLS[0][:2], POOLS[1][:2], POOLS[3][:2], POOLS[6][:2],
                                          POOLS[7][:2], POOLS[8][:2], ADAPTIVE[0][:2],
                                          ADAPTIVE[1][:2]], ids=lambda v: repr(v)[:40])
 def test_pool_gradients(shape, layer, rng):
