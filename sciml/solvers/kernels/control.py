@@ -24,10 +24,13 @@ LOG_ERR0 = -9.210340371976182
 
 
 @jit(inline="always")
-def err_norm(ctl, err, z, znew):
-    """Weighted RMS norm of ``err[:n_err]``, scale ``atol_i + rtol * max(|z_i|, |znew_i|)``.
+def err_norm2(ctl, err, z, znew):
+    """Square of the weighted RMS norm of ``err[:n_err]``, scale ``atol_i + rtol *
+    max(|z_i|, |znew_i|)``.
 
-    A step is acceptable when this is <= 1; NaN when anything is non-finite.
+    A step is acceptable when this is <= 1; NaN when anything is non-finite. The
+    square, because the next step size needs only its logarithm: a square root would
+    sit on the chain of dependent operations from one step to the next.
     """
     atol = ctl.atol
     n = atol.shape[0]
@@ -36,7 +39,7 @@ def err_norm(ctl, err, z, znew):
         sc = atol[i] + ctl.rtol * max(abs(z[i]), abs(znew[i]))
         r = err[i] / sc
         acc += r * r
-    return math.sqrt(acc / max(n, 1))
+    return acc / max(n, 1)
 
 
 @jit(inline="always")
@@ -84,14 +87,15 @@ def hinit(sys, ctl, z, f0, t, k, order, hmax, z1, f1):
 
 
 @jit(inline="always")
-def next_step(ctl, en, log_prev, h_try, h, rejected, lands):
-    """After an accepted step with error ``en``: ``(next step, log of this error)``.
+def next_step(ctl, en2, log_prev, h_try, h, rejected, lands):
+    """After an accepted step with squared error ``en2`` (`err_norm2`): ``(next step, log
+    of this error)``.
 
     PI control with ``log_prev`` carried between steps (one log and one exp a step);
     no growth right after a rejection; a step cut short by a stop keeps at least
     the proposal ``h``.
     """
-    le = math.log(max(en, 1e-10))
+    le = 0.5 * math.log(max(en2, 1e-20))
     q = ctl.safety * math.exp(ctl.beta2 * log_prev - ctl.beta1 * le)
     h_next = h_try * min(ctl.qmax, max(ctl.qmin, q))
     if rejected:
@@ -102,11 +106,11 @@ def next_step(ctl, en, log_prev, h_try, h, rejected, lands):
 
 
 @jit(inline="always")
-def reject_factor(ctl, err):
-    """Factor (< 1) for retrying a rejected step (``err > 1`` or NaN)."""
-    if not math.isfinite(err):
+def reject_factor(ctl, err2):
+    """Factor (< 1) for retrying a rejected step (squared error ``err2 > 1`` or NaN)."""
+    if not math.isfinite(err2):
         return ctl.qmin
-    return max(ctl.qmin, min(1.0, ctl.safety / err ** ctl.beta1))
+    return max(ctl.qmin, min(1.0, ctl.safety / err2 ** (0.5 * ctl.beta1)))
 
 
 @jit(inline="always")

@@ -29,7 +29,7 @@ from .control import (
     NONFINITE,
     SUCCESS,
     all_finite,
-    err_norm,
+    err_norm2,
     hinit,
     hmin,
     next_step,
@@ -241,18 +241,18 @@ def erk_integrate(sys, tab, ctl, stops, z, rec):
             break
         nfev += erk_step(sys, tab, K, z, znew, err, t, h_try, k, tmp)
         if ctl.adaptive:
-            en = err_norm(ctl, err, z, znew)
-            finite = all_finite(znew) and en == en
-            if not (finite and en <= 1.0):
+            en2 = err_norm2(ctl, err, z, znew)
+            finite = all_finite(znew) and en2 == en2
+            if not (finite and en2 <= 1.0):
                 nrej += 1
                 rejected = True
                 nonfinite = not finite
-                h = h_try * reject_factor(ctl, en if finite else np.inf)
+                h = h_try * reject_factor(ctl, en2 if finite else np.inf)
                 if h < hmin(t):
                     status = NONFINITE if nonfinite else DT_UNDERFLOW
                     break
                 continue
-            h_next, log_prev = next_step(ctl, en, log_prev, h_try, h, rejected, lands)
+            h_next, log_prev = next_step(ctl, en2, log_prev, h_try, h, rejected, lands)
         else:
             if not all_finite(znew):
                 status = NONFINITE

@@ -36,7 +36,7 @@ from .control import (
     NONFINITE,
     SUCCESS,
     all_finite,
-    err_norm,
+    err_norm2,
     hinit,
     hmin,
     next_step,
@@ -224,28 +224,28 @@ def ros_integrate(sys, tab, ctl, stops, z, rec):
         nlu += 1
         # singular only if 1/(h gamma) is an eigenvalue of J: a smaller step avoids it
         singular = not sys_factor(sys, 1.0 / (h_try * tab.gamma))
-        en = np.inf
+        en2 = np.inf
         finite = False
         if not singular:
             nfev += ros_step(sys, tab, K, z, znew, err, t, h_try, k, f0, dT, nonauto, U, r)
-            en = err_norm(ctl, err, z, znew)
-            finite = all_finite(znew) and en == en
+            en2 = err_norm2(ctl, err, z, znew)
+            finite = all_finite(znew) and en2 == en2
         if not ctl.adaptive:
             if not finite:
                 status = NONFINITE
                 break
             h_next = ctl.h0
-        elif not (finite and en <= 1.0):
+        elif not (finite and en2 <= 1.0):
             nrej += 1
             rejected = True
             nonfinite = not finite and not singular
-            h = h_try * reject_factor(ctl, en if finite else np.inf)
+            h = h_try * reject_factor(ctl, en2 if finite else np.inf)
             if h < hmin(t):
                 status = NONFINITE if nonfinite else DT_UNDERFLOW
                 break
             continue
         else:
-            h_next, log_prev = next_step(ctl, en, log_prev, h_try, h, rejected, lands)
+            h_next, log_prev = next_step(ctl, en2, log_prev, h_try, h, rejected, lands)
         nacc += 1
         nfev += sys_accept(sys, tab, t, h_try, z, znew, K, k)
         # ---- accepted: the step's rows, then output inside it
