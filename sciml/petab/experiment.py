@@ -1,0 +1,193 @@
+"""One simulation of a PEtab problem: its model parameters as expressions of the estimated
+parameters and of the pre-initialization networks' outputs (`Outer`), resolved with
+PEtab's precedence (`Resolver`), with their Jacobians for the chain rule back."""
+
+import re
+
+import numpy as np
+import sympy
+
+from .errors import PetabError
+from .sbml import symbol
+
+__all__ = ["Outer", "PLACEHOLDER"]
+
+PLACEHOLDER = re.compile(r"^(observable|noise)Parameter(\d+)_(\w+)$")
+
+
+class Outer:
+    """One simulation's model parameters as functions of the estimated values and of the
+    pre-initialization networks' outputs, with their Jacobians (sympy, lambdified)."""
+
+    def __init__(self, pp, eid, cids, changes, placeholders):
+        self.pp = pp
+        z = [symbol(p) for p in pp.scalar_est]
+        self.pre = [n for n, nt in pp.nets.items() if nt.pre]
+        o_syms = {n: [s for s, (m, _) in sorted(pp._out_sym.items(), key=lambda kv: kv[1][1])
+                      if m == n] for n in self.pre}
+        self.o_index = {n: [pp._out_sym[s][1] for s in o_syms[n]] for n in self.pre}
+        o_all = [s for n in self.pre for s in o_syms[n]]
+        res = Resolver(pp, eid, changes, placeholders, set(o_all))
+        theta_e = [res(symbol(p), f"model parameter {p!r}") for p in pp._mech]
+        self.n_mech = len(theta_e)
+        self.T = _lambdify(z + o_all, theta_e)
+        self.inputs = {}
+        for n in self.pre:
+            items = []
+            for e in pp._net_in[n]:
+                if isinstance(e, tuple):
+                    arrays = pp.input_arrays[e[1]]
+                    key = next((c for c in cids if c in arrays), "0")
+                    if key not in arrays:
+                        raise PetabError(f"experiment {eid!r}: no input array for {e[1]!r} "
+                                         f"(condition {', '.join(cids) or 'none'}) in the array "
+                                         f"files (have: {', '.join(arrays)})")
+                    items.append(arrays[key])
+                else:
+                    items.append(res(e, f"an input of network {n!r}"))
+            arrays = [a for a in items if isinstance(a, np.ndarray)]
+            if arrays:
+                if len(items) != 1:
+                    raise PetabError(f"network {n!r}: an array input with other inputs")
+                self.inputs[n] = ("array", arrays[0])
+            else:
+                if any(o in e.free_symbols for e in items for o in o_all):
+                    raise PetabError(f"network {n!r}: its input depends on another "
+                                     "pre-initialization network's output")
+                self.inputs[n] = ("expr", _lambdify(z, items))
+        self.o_all_count = [len(o_syms[n]) for n in self.pre]
+        self.model_nets = [(n, pp.model.param_slices[n]) for n, nt in pp.nets.items()
+                           if not nt.pre]
+
+    def theta(self, zv, W):
+        """The model's flat parameters (and a tape for `vjp`)."""
+        outs, tape = [], {}
+        for n in self.pre:
+            kind, src = self.inputs[n]
+            a = src if kind == "array" else src.value(zv)
+            y = np.asarray(self.pp.nets[n].net(*self._args(n, a), W[n]), dtype=np.float64)
+            outs.append(y.ravel()[self.o_index[n]])
+            tape[n] = (a, y.shape)  # (a batched input gives a batched output)
+        ov = np.concatenate(outs) if outs else np.zeros(0)
+        args = np.concatenate([zv, ov])
+        theta = np.empty(self.pp.model.n_params)
+        theta[:self.n_mech] = self.T.value(args)
+        for n, s in self.model_nets:
+            theta[s] = W[n]
+        return theta, (args, tape, W)
+
+    def _args(self, n, a):
+        """The network's inputs: ``a`` itself for one, else ``a`` (their concatenation, as
+        the mapping table lists them) split by input."""
+        nt = self.pp.nets[n]
+        k = len(nt.net.inputs)
+        if k == 1:
+            return (a,)
+        sizes = [sum(1 for arg, _ in nt.inputs if arg == i) for i in range(k)]
+        return tuple(np.split(np.asarray(a), np.cumsum(sizes)[:-1]))
+
+    def vjp(self, g, tape, gz, gW):
+        """Adds ``g^T d theta / d z`` to gz and the networks' part to gW."""
+        args, nin, W = tape
+        nz = len(gz)
+        ga = self.T.jacobian(args).T @ g[:self.n_mech]
+        gz += ga[:nz]
+        off = nz
+        for n, cnt in zip(self.pre, self.o_all_count):
+            go = ga[off:off + cnt]
+            off += cnt
+            net = self.pp.nets[n].net
+            a, shape = nin[n]
+            v = np.zeros(shape)
+            v.ravel()[self.o_index[n]] = go
+            *xbars, pbar = net.vjp(v, *self._args(n, a), W[n])
+            gW[n] += pbar
+            xbar = np.concatenate([np.ravel(x) for x in xbars])
+            kind, src = self.inputs[n]
+            if kind == "expr":
+                gz += src.jacobian(args[:nz]).T @ np.asarray(xbar).ravel()
+        for n, s in self.model_nets:
+            gW[n] += g[s]
+
+
+class Resolver:
+    """Value of a symbol in one simulation, as an expression of the estimated parameters
+    and the pre-initialization networks' outputs (PEtab's precedence: condition, then
+    hybridization, then parameter table, then the SBML model)."""
+
+    def __init__(self, pp, eid, changes, placeholders, outputs):
+        self.pp, self.eid, self.changes = pp, eid, changes
+        self.ph, self.outputs = placeholders, outputs
+        self.cache = {}
+
+    def __call__(self, expr, what):
+        return expr.xreplace({s: self.symbol(s, what, ()) for s in expr.free_symbols})
+
+    def symbol(self, s, what, stack):
+        if s in self.cache:
+            return self.cache[s]
+        name = s.name
+        if name in stack:
+            raise PetabError(f"experiment {self.eid!r}: {name!r} is defined in terms of itself "
+                             f"({' -> '.join(stack + (name,))})")
+        stack = stack + (name,)
+        pp = self.pp
+
+        def deep(e):
+            return e.xreplace({q: self.symbol(q, what, stack) for q in e.free_symbols})
+
+        if s in self.outputs:
+            v = s
+        elif name in self.ph:
+            v = self.ph[name]
+            v = sympy.Float(float(v)) if _is_number(v) else deep(symbol(v))
+        elif PLACEHOLDER.match(name):
+            v = sympy.nan  # a placeholder no measurement row of this simulation sets
+        elif name.startswith("u0_") and name[3:] in pp.states:
+            st = name[3:]
+            if st in self.changes:
+                v = deep(self.changes[st])
+            elif st in pp._assign_outer:
+                v = deep(pp._assign_outer[st])
+            else:
+                v = deep(pp.sbml.expand(pp.sbml.initial[st]))
+        elif name in self.changes:
+            v = deep(self.changes[name])
+        elif name in pp._assign_outer:
+            v = deep(pp._assign_outer[name])
+        elif name in pp.params:
+            p = pp.params[name]
+            v = s if p["estimate"] else sympy.Float(p["nominal"])
+        elif name in pp.sbml.initial:
+            v = deep(pp.sbml.expand(pp.sbml.initial[name]))
+        else:
+            raise PetabError(f"experiment {self.eid!r}: {what} needs {name!r}, which has no "
+                             "value (not in the parameter table, the conditions or the model)")
+        self.cache[s] = v
+        return v
+
+
+def _is_number(v):
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+class _lambdify:
+    """``exprs(args)`` and its Jacobian, compiled by sympy's lambdify (numpy)."""
+
+    def __init__(self, args, exprs):
+        self.n = len(exprs)
+        self.args = args
+        m = sympy.Matrix(exprs) if exprs else sympy.zeros(0, 1)
+        j = m.jacobian(args) if args and exprs else sympy.zeros(self.n, len(args))
+        self._f = sympy.lambdify([args], list(m), "numpy")
+        self._j = sympy.lambdify([args], j, "numpy")
+
+    def value(self, a):
+        return np.array(self._f(a), dtype=np.float64).reshape(self.n)
+
+    def jacobian(self, a):
+        return np.array(self._j(a), dtype=np.float64).reshape(self.n, len(self.args))
