@@ -513,8 +513,7 @@ def _per_sample(geo, transposed):
 
 @jit
 def _cols_forward(geo, taps, transposed, X, p, has_bias, Y, scratch):
-    """Y = conv(X) (or its transpose) for every row: X (N, in), Y (N, out), flat per
-    sample; Y overwritten, `scratch` (`scratch_size`) holds a block's columns."""
+    """`conv_forward` on the columns path."""
     G = geo[GR]
     cimg, ccol = geo[CI], geo[CO]
     Cg, Og = cimg // G, ccol // G
@@ -553,8 +552,7 @@ def _cols_forward(geo, taps, transposed, X, p, has_bias, Y, scratch):
 
 @jit
 def _cols_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, scratch):
-    """gp += V^T dY/dp over the rows; Xbar = V^T dY/dX if `want_x` (overwritten).
-    V is read only; `scratch` holds a block's columns and column-side matrix."""
+    """`conv_pullback` on the columns path."""
     G = geo[GR]
     cimg, ccol = geo[CI], geo[CO]
     Cg, Og = cimg // G, ccol // G
@@ -619,9 +617,9 @@ def _cols_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, s
 # (C, D + 2 pd, H + 2 ph, W + 2 pw, m), so that the input of a tap for one output row
 # (all ow, all samples) is one contiguous window of Ib, read in place by the products
 # (`gemm_nn_rows`: no unfolding); the column side is held by output row, Zb (G, OD *
-# OH, C'/G, OW * m), so that each row's product writes one contiguous matrix. Windows
-# of neighbouring taps are m elements apart (a whole vector for m >= 16), which keeps
-# the input gradient's overlapping adds free of partial store-to-load forwarding.
+# OH, C'/G, OW * m), so that each row's product writes one contiguous matrix. The
+# conversions from and to the batch-first arrays cost a few percent of the products;
+# unfolding LeNet's second convolution cost as much as its product.
 
 
 @jit
@@ -730,6 +728,8 @@ def _line_base(geo, g, l, m):
 
 @jit
 def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
+    """`conv_forward` of a `Conv` with stride 1 along W: per block and output row, one
+    product of the weights with the taps' windows of the padded block."""
     G = geo[GR]
     ccol = geo[CO]
     Og = ccol // G
@@ -755,6 +755,9 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
 
 @jit
 def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
+    """`conv_pullback` of a `Conv` with stride 1 along W: per block and output row, the
+    weight gradient from the same windows, and the input gradient as the taps'
+    cotangent (W^T times the row's cotangent) added back at each window."""
     G = geo[GR]
     ccol = geo[CO]
     Og = ccol // G
