@@ -70,6 +70,7 @@ CONVS = [
     ((3, 9), Conv(2, (3,), padding=2, stride=(2,))),
     ((2, 4, 5, 4), Conv(2, (2, 3, 2), padding=(1, 0, 1))),
     ((2, 5, 5), Conv(2, (3, 3), padding="same")),
+    ((2, 5, 7), Conv(2, (2, 3), padding=(1, 2), dilation=(1, 2))),
 ]
 TRANSPOSED = [
     ((2, 3, 4), ConvTranspose(3, (3, 2))),
@@ -100,8 +101,8 @@ def test_forward_matches_numpy(shape, layer, rng):
     np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("shape,layer", [CONVS[1], CONVS[2], CONVS[4], TRANSPOSED[1],
-                                         TRANSPOSED[2]], ids=repr)
+@pytest.mark.parametrize("shape,layer", [CONVS[1], CONVS[2], CONVS[4], CONVS[6],
+                                         TRANSPOSED[1], TRANSPOSED[2]], ids=repr)
 def test_gradients(shape, layer, rng):
     check_gradients(Chain(shape, layer), rng)
 
