@@ -60,6 +60,23 @@ class _Step(NamedTuple):
     consts: tuple  # (c0, c1) of an activation with non-default constants, else None
 
 
+def _dense_layers(layers, shape):
+    """``(n_in, n_out, activation, weight offset, bias offset or -1)`` per layer of a chain
+    of Dense layers on vectors (the layout `sciml` writes out as straight-line code),
+    else None."""
+    if len(shape) != 1 or not all(type(l) is Dense for l in layers):
+        return None
+    rows, off, n = [], 0, shape[0]
+    for layer in layers:
+        woff = off
+        off += layer.out * n
+        boff = off if layer.bias else -1
+        off += layer.out if layer.bias else 0
+        rows.append((n, layer.out, layer.activation, woff, boff))
+        n = layer.out
+    return tuple(rows)
+
+
 class Chain:
     """A feed-forward network ``Chain(input_shape, layer, layer, ...)``.
 
@@ -103,8 +120,10 @@ class Chain:
                                 f"Flatten, ...), got {type(layer).__name__}")
         self.layers = tuple(layers)
         self.in_shape = shape
-        self.is_dense = len(shape) == 1 and all(
-            type(l) is Dense and _plain(l.activation) for l in layers)
+        self.dense_layers = _dense_layers(self.layers, shape)
+        # Fused kernels: Dense layers on vectors whose activations take no constants.
+        self.is_dense = self.dense_layers is not None and all(
+            _plain(row[2]) for row in self.dense_layers)
         self._local = threading.local()
         self._default_state = {}
         if not self.is_dense:
@@ -116,16 +135,10 @@ class Chain:
         self.out_shape = (self.n_out,)
         self.n_state = 0
         self._plan = None
-        rows, off, n = [], 0, input_size
-        for layer in layers:
-            woff = off
-            off += layer.out * n
-            boff = off if layer.bias else -1
-            off += layer.out if layer.bias else 0
-            rows.append((n, layer.out, registry.code(layer.activation), woff, boff))
-            n = layer.out
-        self.n_params = off
-        self.meta = np.array(rows, dtype=np.int64)
+        last = self.dense_layers[-1]
+        self.n_params = last[3] + last[0] * last[1] + (last[1] if last[4] >= 0 else 0)
+        self.meta = np.array([(n, m, registry.code(a), w, b)
+                              for n, m, a, w, b in self.dense_layers], dtype=np.int64)
         self._kernels = registry.kernels_for([layer.activation for layer in layers])
 
     def _init_layerwise(self):

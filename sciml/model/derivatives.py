@@ -49,7 +49,6 @@ by the calls in turn.
 
 from dataclasses import dataclass
 
-import numpy as np
 import sympy
 
 from . import netcode
@@ -63,11 +62,11 @@ U, P, PBAR, UBAR, V, LAM, WSA = (array(n) for n in ("u", "p", "pbar", "ubar", "v
 
 @dataclass(frozen=True)
 class NetSpec:
-    """A network as the generated code sees it: its layer table and where its
-    parameters start in the model's flat vector."""
+    """A network as the generated code sees it: its layer table (`nets.Chain.dense_layers`)
+    and where its parameters start in the model's flat vector."""
 
     name: str
-    meta: np.ndarray
+    layers: tuple
     offset: int
     n_params: int
     n_in: int
@@ -180,7 +179,7 @@ class Kernels:
         self.n, self.n_mech, self.n_params = len(traced.u), len(traced.p), n_params
         self.m = len(self.F)
         self.nets = nets
-        self.gen = {k: netcode.NetGen(s.meta, s.offset) for k, s in nets.items()}
+        self.gen = {k: netcode.NetGen(s.layers, s.offset) for k, s in nets.items()}
         self.live = self._live_calls(traced.calls)
         self._layout()
         self.base_loads = {**_loads(U, self.u), **_loads(P, self.p)}

@@ -80,6 +80,9 @@ def _check_nets(nets):
     for name, chain in nets.items():
         if not isinstance(chain, Chain):
             raise TypeError(f"`nets[{name!r}]` must be a nets.Chain, got {type(chain).__name__}")
+        if chain.dense_layers is None:
+            raise ValueError(f"`nets[{name!r}]` must be a chain of Dense layers on vectors "
+                             f"inside a model, got {chain!r}")
         for act in {l.activation for l in chain.layers} - set(_WARNED):
             if not _registry.is_builtin(act):
                 _WARNED.add(act)
@@ -195,7 +198,7 @@ class Model:
     def _net_specs(nets, n_mech):
         specs, off = {}, n_mech
         for name, chain in nets.items():
-            specs[name] = NetSpec(name, chain.meta, off, chain.n_params, chain.n_in,
+            specs[name] = NetSpec(name, chain.dense_layers, off, chain.n_params, chain.n_in,
                                   chain.n_out)
             off += chain.n_params
         return specs, off

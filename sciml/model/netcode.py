@@ -38,23 +38,21 @@ Scratch layout (float64 offsets given by the caller, `sciml.model.derivatives`):
 
 from dataclasses import dataclass
 
-import numpy as np
 import sympy
 
-from nets import activations as _act
 from nets import registry as _registry
 
 from .code import Assign, At, Loop, activation, array, index, real, sigmoid
 
 UNROLL = 4
 BLOCK = 8
-IDENTITY = 0
+IDENTITY = "identity"
 
 WS, P, PBAR = array("ws"), array("p"), array("pbar")
 
 
 class _Sym:
-    """sympy as the math namespace of `nets.activations.FORMULAS`."""
+    """sympy as the math namespace of the activations' formulas (`nets.registry.formula`)."""
 
     tanh = staticmethod(sympy.tanh)
     sigmoid = staticmethod(sigmoid)
@@ -88,14 +86,18 @@ def _as_expr(v):
 
 
 class Act:
-    """One activation as sympy: value, slope (derivative) and curvature (second derivative)."""
+    """One activation as sympy: value, slope (derivative) and curvature (second derivative).
 
-    def __init__(self, code):
-        name = _registry.name_of(code)
-        self.identity = code == IDENTITY
+    ``name`` as a layer gives it: a builtin with its constants (``"elu(alpha=2.0)"``,
+    bound into the formulas) or a registered activation (called by address).
+    """
+
+    def __init__(self, name):
+        self.identity = name == IDENTITY
         z, a = real("_z"), real("_a")
-        if name in _act.FORMULAS:
-            f = _act.FORMULAS[name]
+        builtin = _registry.is_builtin(name)
+        if builtin:
+            f = _registry.formula(name)
             val = _as_expr(f.value(z, _Sym))
             slope_z = _as_expr(f.slope(z, val, _Sym))
             self._slope = _as_expr(f.slope(z, a, _Sym))
@@ -104,8 +106,9 @@ class Act:
             slope_z = activation(name, 1)(z)
             self._slope = slope_z
         self._value = val
-        self._curv = _clean(sympy.diff(slope_z, z)).subs(val, a) if name in _act.FORMULAS \
+        self._curv = _clean(sympy.diff(slope_z, z)).subs(val, a) if builtin \
             else activation(name, 2)(z)
+        self.builtin = builtin
         self.z, self.a = z, a
         self.name = name
 
@@ -127,17 +130,17 @@ def _clean(e):
 _ACTS = {}
 
 
-def act(code):
-    if code not in _ACTS:
-        _ACTS[code] = Act(code)
-    return _ACTS[code]
+def act(name):
+    if name not in _ACTS:
+        _ACTS[name] = Act(name)
+    return _ACTS[name]
 
 
 @dataclass(frozen=True)
 class _Layer:
     nin: int
     nout: int
-    act: int
+    act: str  # the activation's name
     w: int  # weight offset in the model's flat parameter vector
     b: int  # bias offset, or -1
 
@@ -154,9 +157,9 @@ def _bias(L, o):
     return At(P, L.b + o) if L.b >= 0 else sympy.S.Zero
 
 
-def _activation(code, z, a_sym, d_sym):
+def _activation(name, z, a_sym, d_sym):
     """Statements: ``a_sym = act(z)`` and, if ``d_sym``, ``d_sym = act'(z)``."""
-    A = act(code)
+    A = act(name)
     out = [Assign(a_sym, A.value(z))]
     if d_sym is not None:
         out.append(Assign(d_sym, A.slope(z, a_sym)))
@@ -168,16 +171,15 @@ class NetGen:
 
     Parameters
     ----------
-    meta : int array (layers, 5)
-        The chain's layer table (`nets.Chain.meta`).
+    layers : tuple of (n_in, n_out, activation, weight offset, bias offset or -1)
+        The chain's layer table (`nets.Chain.dense_layers`).
     offset : int
         Where the chain's parameters start in the model's flat vector.
     """
 
-    def __init__(self, meta, offset):
-        meta = np.asarray(meta)
-        self.layers = [_Layer(int(r[0]), int(r[1]), int(r[2]), int(r[3]) + offset,
-                              int(r[4]) + offset if int(r[4]) >= 0 else -1) for r in meta]
+    def __init__(self, layers, offset):
+        self.layers = [_Layer(nin, nout, a, w + offset, b + offset if b >= 0 else -1)
+                       for nin, nout, a, w, b in layers]
         self.n_in = self.layers[0].nin
         self.n_out = self.layers[-1].nout
         # Tape: hidden values (all layers but the last), then derivatives (non-identity).
@@ -473,9 +475,10 @@ class NetGen:
             body = [Assign(z, _bias(L, no)), Assign(zd, sympy.S.Zero),
                     Loop(ni, 0, L.nin, (Assign(z, _w(L, no, ni) * ws(src + ni), add=True),
                                         Assign(zd, _w(L, no, ni) * ws(tsrc + ni), add=True))),
-                    Assign(a, A.value(z)), Assign(d, A.slope(z, a) if L.act else sympy.S.One),
+                    Assign(a, A.value(z)), Assign(d, sympy.S.One if A.identity else A.slope(z, a)),
                     Assign(ws(dst + no), a), Assign(ws(T + tp["D"] + no), d),
-                    Assign(ws(T + tp["DD"] + no), A.curvature(z, a) if L.act else sympy.S.Zero),
+                    Assign(ws(T + tp["DD"] + no),
+                           sympy.S.Zero if A.identity else A.curvature(z, a)),
                     Assign(ws(T + tp["ZD"] + no), zd), Assign(ws(tdst + no), d * zd)]
             out.append(Loop(no, 0, L.nout, tuple(body)))
         return out

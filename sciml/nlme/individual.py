@@ -20,7 +20,6 @@ import numpy as np
 import sympy
 from scipy.special import expit as _expit
 
-from nets.activations import FORMULAS
 from sciml.model.netcode import Act
 from sciml.model.trace import ModelError, Sym
 
@@ -74,9 +73,9 @@ class _Nets:
             if len(x) != chain.n_in:
                 raise ValueError(f"NLME: network {name!r} takes {chain.n_in} inputs, "
                                  f"`individual` gave {len(x)}")
-            for (nin, nout, code, woff, boff) in chain.meta.tolist():
-                act = Act(code)
-                if act.name not in FORMULAS:
+            for (nin, nout, name_, woff, boff) in chain.dense_layers:
+                act = Act(name_)
+                if not act.builtin:
                     raise ModelError(f"NLME: network {name!r} uses the registered activation "
                                      f"{act.name!r}; networks in `individual` need a builtin "
                                      "activation")

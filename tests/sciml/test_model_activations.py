@@ -6,9 +6,10 @@ must agree with the network's own compiled kernels, without the custom-activatio
 import warnings
 
 import numpy as np
+import pytest
 
 import sciml.model as sm
-from nets import Chain, Dense
+from nets import Chain, Conv, Dense, Flatten
 
 # one layer per activation; the hidden values stay around the kinks (|z| up to ~4)
 ACTS = ("relu6", "hardtanh", "hardswish", "hardsigmoid", "selu", "leaky_relu", "logsigmoid",
@@ -31,8 +32,14 @@ def _model(acts):
     return model, chain, theta, rng
 
 
-def test_model_kernels_match_the_chain():
-    model, chain, theta, rng = _model(ACTS)
+# PyTorch's keyword constants: the per-layer path in nets, bound into the formulas here
+ACTS_WITH_CONSTANTS = ("elu(alpha=2.0)", "leaky_relu(negative_slope=0.2)", "celu(alpha=0.5)",
+                       "hardtanh(min_val=-0.5, max_val=2.0)")
+
+
+@pytest.mark.parametrize("acts", [ACTS, ACTS_WITH_CONSTANTS], ids=["defaults", "constants"])
+def test_model_kernels_match_the_chain(acts):
+    model, chain, theta, rng = _model(acts)
     assert model.linked_code() is not None  # portable: no custom activation
     pn = theta[model.param_slices["U"]]
     for _ in range(5):
@@ -51,9 +58,11 @@ def test_model_kernels_match_the_chain():
                                    atol=1e-13)
 
 
-def test_second_order_tangents_against_differences():
-    model, chain, theta, rng = _model(("selu", "mish", "logsigmoid", "softsign", "celu",
-                                       "tanhshrink"))
+@pytest.mark.parametrize("acts", [("selu", "mish", "logsigmoid", "softsign", "celu",
+                                   "tanhshrink"), ("celu(alpha=0.5)", "elu(alpha=2.0)")],
+                         ids=["defaults", "constants"])
+def test_second_order_tangents_against_differences(acts):
+    model, chain, theta, rng = _model(acts)
     pn = theta[model.param_slices["U"]]
     u, lam, v = rng.uniform(-1, 1, 3), rng.standard_normal(3), rng.standard_normal(3)
     ubar, _ = model.hvp(lam, v, u, theta)
@@ -73,3 +82,10 @@ def test_gelu_erf_in_a_model():
     u = rng.uniform(-2, 2, 3)
     np.testing.assert_allclose(model.rhs(u, theta),
                                -0.3 * u + chain(u, theta[model.param_slices["U"]]), rtol=1e-13)
+
+
+def test_a_chain_that_is_not_dense_layers_on_vectors_is_refused():
+    chain = Chain((1, 3, 3), Conv(1, (3, 3)), Flatten(), Dense(3))
+    with pytest.raises(ValueError, match=r"`nets\['U'\]` must be a chain of Dense layers on "
+                                         "vectors inside a model"):
+        sm.Model(_f, ["x", "y", "w"], ["a"], nets={"U": chain})

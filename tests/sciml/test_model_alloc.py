@@ -118,7 +118,8 @@ def kernel_trees(case, u0=None):
     m = case.model
     specs, off = {}, len(m.params)
     for name, chain in m.nets.items():
-        specs[name] = NetSpec(name, chain.meta, off, chain.n_params, chain.n_in, chain.n_out)
+        specs[name] = NetSpec(name, chain.dense_layers, off, chain.n_params, chain.n_in,
+                              chain.n_out)
         off += chain.n_params
     f = case.f or _neural_ode
     gen = Kernels(trace_model(f, m.states, m.params, m.nets), specs, m.n_params)

@@ -241,9 +241,9 @@ def test_a_net_after_mechanistic_parameters_and_another_net():
 # ------------------------------------------------------------- activation formulas
 
 
-def _activation_kernel(code, n):
+def _activation_kernel(name, n):
     """A kernel ``rhs(y, u, ...)``: y = [act(u), act'(u), act''(u)] as netcode prints them."""
-    A = netcode.act(code)
+    A = netcode.act(name)
     z, a, i = real("_z"), real("_a"), index("i")
     Y, U = array("y"), array("u")
     body = (Assign(z, At(U, i)), Assign(a, A.value(z)), Assign(At(Y, i), a),
@@ -265,7 +265,7 @@ def _activation_kernel(code, n):
 def test_activation_formulas_match_nets(name):
     code = act.CODES[name]
     z = np.concatenate([np.linspace(-6, 6, 1200), [-30.0, -1e-3, 0.0, 1e-3, 30.0]])
-    a, d, dd = _activation_kernel(code, z.size)(z)
+    a, d, dd = _activation_kernel(name, z.size)(z)
     # nets' own row kernel: value in place, derivative beside it
     buf = np.concatenate([z, np.zeros_like(z)])
     act.activate_row(code, buf, 0, z.size, z.size, True)
@@ -286,7 +286,7 @@ def test_activation_formulas_match_nets(name):
 
 def test_netgen_sizes_and_the_workspace():
     chain = CHAINS["general_6_7_9_5"]()
-    g = netcode.NetGen(chain.meta, 3)
+    g = netcode.NetGen(chain.dense_layers, 3)
     assert (g.n_in, g.n_out) == (6, 5)
     # hidden values 7 + 9, derivatives 7 + 9 (the identity output layer has none)
     assert g.tape_size == 32
