@@ -10,8 +10,9 @@ test accuracy (10,000 images) after the last epoch.
 
 Peers, in one process, alternated epoch by epoch (nets epoch 1, torch epoch 1, nets
 epoch 2, ...): ``nets`` (``nets.train``, the per-layer path: one compiled call per layer,
-the batch split over threads) and PyTorch (``nn.Sequential`` of the same layers,
-``torch.optim.Adam``, ``torch.set_num_threads(threads)``), from the same initial
+the batch split over threads), PyTorch (``nn.Sequential`` of the same layers,
+``torch.optim.Adam``, ``torch.set_num_threads(threads)``) and JAX (``nets.jax.apply``
+of the same chain, ``optax.adam``, one jitted step per minibatch), from the same initial
 weights (nets' ``init_params``, PyTorch's default scheme, copied into the torch
 model) and the same minibatches (one permutation per epoch from
 ``numpy.random.default_rng(seed)``, as ``nets.train`` draws them).
@@ -180,6 +181,61 @@ def torch_impl(p0, X, y, Xt, yt, bs, threads, epochs):
     return H.Impl("torch", run=run, warmup=warmup), quality
 
 
+def jax_impl(p0, X, y, Xt, yt, bs, threads, epochs):
+    """The same network through `nets.jax.apply` (lax convolutions), optax Adam, one jitted
+    step per minibatch (XLA's own CPU thread pool)."""
+    jax, err = H.optional_import("jax")
+    optax, err2 = H.optional_import("optax")
+    if err or err2:
+        return H.Impl("jax", error=err or err2), None
+    import jax.numpy as jnp
+
+    import nets.jax
+
+    chain = lenet()
+
+    def loss(p, xb, yb):
+        logits = nets.jax.apply(chain, p, xb)
+        return -jnp.sum(jax.nn.log_softmax(logits)[jnp.arange(yb.shape[0]), yb])
+
+    opt = optax.adam(LR)
+
+    @jax.jit
+    def step(p, s, xb, yb):
+        g = jax.grad(loss)(p, xb, yb)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    state = {"p": jnp.asarray(p0), "s": opt.init(jnp.asarray(p0)), "epoch": 0}
+    orders = epoch_orders(len(X), epochs)
+
+    def epoch(p, s, order, nsteps=None):
+        n = len(order) if nsteps is None else min(len(order), nsteps * bs)
+        for lo in range(0, n, bs):
+            idx = order[lo:lo + bs]
+            p, s = step(p, s, X[idx], y[idx])
+        return jax.block_until_ready(p), s
+
+    def warmup():
+        q = jnp.asarray(p0)
+        epoch(q, opt.init(q), orders[0], nsteps=4)
+        if len(X) % bs:  # the last, partial batch compiles a step of its own
+            epoch(q, opt.init(q), orders[0][len(X) - len(X) % bs:])
+
+    def run():
+        state["p"], state["s"] = epoch(state["p"], state["s"], orders[state["epoch"]])
+        state["epoch"] += 1
+
+    def quality():
+        f = jax.jit(lambda p, x: nets.jax.apply(chain, p, x))
+        p = state["p"]
+        return {"test_acc": accuracy(np.asarray(f(p, Xt)), yt),
+                "train_acc": accuracy(np.concatenate([np.asarray(f(p, X[i:i + 10000]))
+                                                      for i in range(0, len(X), 10000)]), y)}
+
+    return H.Impl("jax", run=run, warmup=warmup), quality
+
+
 def main(argv=None) -> int:
     parser = H.make_parser(__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=10)
@@ -199,7 +255,8 @@ def main(argv=None) -> int:
         print(f"nets unavailable ({err}); nothing to compare")
         return 1
     impls = [nets_impl(p0, X, y, Xt, yt, bs, threads, epochs),
-             torch_impl(p0, X, y, Xt, yt, bs, threads, epochs)]
+             torch_impl(p0, X, y, Xt, yt, bs, threads, epochs),
+             jax_impl(p0, X, y, Xt, yt, bs, threads, epochs)]
 
     machine = H.machine_info(threads)
     flops_epoch = TRAIN_FLOPS * len(X)
