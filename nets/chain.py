@@ -61,11 +61,11 @@ class _Step(NamedTuple):
 
 
 def _dense_layers(layers, shape):
-    """``(n_in, n_out, activation, weight offset, bias offset or -1)`` per layer of a chain
-    of Dense layers on vectors (the layout `sciml` writes out as straight-line code),
-    else None."""
+    """``(rows, n_params)`` of a chain of Dense layers on vectors, a row ``(n_in, n_out,
+    activation, weight offset, bias offset or -1)`` per layer (the layout `sciml` writes
+    out as straight-line code), else ``(None, None)``."""
     if len(shape) != 1 or not all(type(l) is Dense for l in layers):
-        return None
+        return None, None
     rows, off, n = [], 0, shape[0]
     for layer in layers:
         woff = off
@@ -74,7 +74,7 @@ def _dense_layers(layers, shape):
         off += layer.out if layer.bias else 0
         rows.append((n, layer.out, layer.activation, woff, boff))
         n = layer.out
-    return tuple(rows)
+    return tuple(rows), off
 
 
 class Chain:
@@ -120,7 +120,7 @@ class Chain:
                                 f"Flatten, ...), got {type(layer).__name__}")
         self.layers = tuple(layers)
         self.in_shape = shape
-        self.dense_layers = _dense_layers(self.layers, shape)
+        self.dense_layers, n_params = _dense_layers(self.layers, shape)
         # Fused kernels: Dense layers on vectors whose activations take no constants.
         self.is_dense = self.dense_layers is not None and all(
             _plain(row[2]) for row in self.dense_layers)
@@ -135,8 +135,7 @@ class Chain:
         self.out_shape = (self.n_out,)
         self.n_state = 0
         self._plan = None
-        last = self.dense_layers[-1]
-        self.n_params = last[3] + last[0] * last[1] + (last[1] if last[4] >= 0 else 0)
+        self.n_params = n_params
         self.meta = np.array([(n, m, registry.code(a), w, b)
                               for n, m, a, w, b in self.dense_layers], dtype=np.int64)
         self._kernels = registry.kernels_for([layer.activation for layer in layers])

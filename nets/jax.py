@@ -32,7 +32,7 @@ import numpy as np
 from . import activations as _act
 from .chain import Chain
 from .layers import Context, Layer
-from .registry import constants, is_builtin
+from .registry import is_builtin, parse
 from .rng import layer_key
 
 __all__ = ["apply", "params_to_pytree", "pytree_to_params", "ACTIVATIONS"]
@@ -56,9 +56,8 @@ def _activation(name):
     the kernels' derivatives at kinks (relu'(0) = 0, elu'(0) = alpha), its constants bound
     (``"elu(alpha=2.0)"``)."""
     jax, jnp = _jax()
-    fn = _act.BY_NAME[name.partition("(")[0]].jax
-    consts = tuple(constants(name).values())  # in the order of `Activation.constants`
-    return lambda z: fn(z, jnp, jax.nn, *consts)
+    act, consts = parse(name)
+    return lambda z: act.jax(z, jnp, jax.nn, *consts)
 
 
 def _check_chain(chain, fname):

@@ -36,8 +36,9 @@ def _unknown(name):
 _SPEC = re.compile(r"^([a-z_0-9]+)\((.*)\)$")
 
 
-def _parse(name):
-    """(builtin Activation, constants) of a builtin name with or without constants, or None."""
+def parse(name):
+    """(builtin Activation, constants) of a builtin name with or without constants
+    (``"elu(alpha=2.0)"``), or None."""
     if name in BY_NAME:
         return BY_NAME[name], BY_NAME[name].defaults
     m = _SPEC.match(name) if isinstance(name, str) else None
@@ -83,7 +84,7 @@ def spec(name, **constants):
 
 def resolve(name):
     """``(code, c0, c1)``: what the kernels run for activation `name` (`activate_row_c`)."""
-    parsed = _parse(name)
+    parsed = parse(name)
     if parsed is not None:
         act, consts = parsed
         c = (consts + (0.0, 0.0))[:2]
@@ -96,7 +97,7 @@ def resolve(name):
 def code(name):
     """The kernels' code of activation `name`; constants other than the defaults are
     refused here (a caller that passes them on uses `resolve`)."""
-    parsed = _parse(name)
+    parsed = parse(name)
     if parsed is not None:
         act, consts = parsed
         if consts != act.defaults:
@@ -111,7 +112,7 @@ def code(name):
 
 def formula(name):
     """The `nets.activations.Formula` of builtin `name`, its constants bound."""
-    parsed = _parse(name)
+    parsed = parse(name)
     if parsed is None:
         raise ValueError(f"{name!r} is not a builtin activation")
     act, consts = parsed
@@ -121,7 +122,7 @@ def formula(name):
 
 def constants(name):
     """The constants of builtin `name` as a dict (PyTorch's keywords), defaults filled in."""
-    parsed = _parse(name)
+    parsed = parse(name)
     if parsed is None:
         raise ValueError(f"{name!r} is not a builtin activation")
     act, consts = parsed
@@ -131,7 +132,7 @@ def constants(name):
 def is_builtin(name):
     """Whether `name` is a builtin activation (with or without constants)."""
     try:
-        return _parse(name) is not None
+        return parse(name) is not None
     except ValueError:
         return False
 
