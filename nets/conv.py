@@ -650,15 +650,24 @@ def _unpad_block(geo, Ib, n0, m, X):
     C, D, H, W = geo[CI], geo[ID], geo[IH], geo[IW]
     pd, ph, pw = geo[PD], geo[PH], geo[PW]
     Dp, Hp, Wp = D + 2 * pd, H + 2 * ph, W + 2 * pw
+    um = np.uint64(m)
     for i in range(m):
         x = X[n0 + i]
         for c in range(C):
             for d in range(D):
                 for h in range(H):
-                    s = x[((c * D + d) * H + h) * W:]
-                    o = (((c * Dp + d + pd) * Hp + h + ph) * Wp + pw) * m + i
-                    for w in range(W):
-                        s[w] = Ib[o + w * m]
+                    s = np.uint64(((c * D + d) * H + h) * W)
+                    o = np.uint64((((c * Dp + d + pd) * Hp + h + ph) * Wp + pw) * m + i)
+                    for w in range(np.uint64(W)):
+                        x[s + w] = Ib[o + w * um]
+
+
+# The two transposes between a block's lines (sample fastest) and the batch-first rows.
+# Eight samples at a time: a sample's rows lie a whole row length apart, often a
+# multiple of 4 KiB (conv2's 16 x 8 x 8 floats), and reading all m at once would
+# evict them from L1 (8 ways) before the next position; unsigned offsets, because a
+# signed index pays a wraparound check at each access (together 3-6x faster).
+TILE = 8
 
 
 @jit
@@ -667,20 +676,24 @@ def _rows_from_lines(geo, Zb, n0, m, Y, bias, has_bias):
     G = geo[GR]
     Og = geo[CO] // G
     L = geo[OD] * geo[OH]
-    oW = geo[OW]
-    J = oW * m
+    oW = np.uint64(geo[OW])
+    um = np.uint64(m)
+    R = np.uint64(Y.shape[1])
+    Yf = Y[n0:n0 + m].reshape(-1)
     zero = Y.dtype.type(0.0)
-    # one sample at a time: contiguous writes, strided reads (the reverse is slower)
-    for i in range(m):
-        y = Y[n0 + i]
+    for i0 in range(0, m, TILE):
+        i1 = min(m, i0 + TILE)
         for g in range(G):
             for o in range(Og):
                 b = bias[g * Og + o] if has_bias else zero
                 for l in range(L):
-                    s = Zb[((g * L + l) * Og + o) * J + i:]
-                    d = y[((g * Og + o) * L + l) * oW:]
-                    for w in range(oW):
-                        d[w] = s[w * m] + b
+                    q = np.uint64((g * L + l) * Og + o) * oW * um
+                    d = np.uint64((g * Og + o) * L + l) * oW
+                    for i in range(np.uint64(i0), np.uint64(i1)):
+                        y = i * R + d
+                        z = q + i
+                        for w in range(oW):
+                            Yf[y + w] = Zb[z + w * um] + b
 
 
 @jit
@@ -689,18 +702,22 @@ def _lines_from_rows(geo, V, n0, m, Zb):
     G = geo[GR]
     Og = geo[CO] // G
     L = geo[OD] * geo[OH]
-    oW = geo[OW]
-    J = oW * m
-    Vm = V[n0:n0 + m]
-    for g in range(G):
-        for o in range(Og):
-            for l in range(L):
-                q = ((g * L + l) * Og + o) * J
-                s = ((g * Og + o) * L + l) * oW
-                for w in range(oW):
-                    dst = Zb[q + w * m:q + w * m + m]
-                    for i in range(m):
-                        dst[i] = Vm[i, s + w]
+    oW = np.uint64(geo[OW])
+    um = np.uint64(m)
+    R = np.uint64(V.shape[1])
+    Vf = V[n0:n0 + m].reshape(-1)
+    for i0 in range(0, m, TILE):
+        i1 = min(m, i0 + TILE)
+        for g in range(G):
+            for o in range(Og):
+                for l in range(L):
+                    q = np.uint64((g * L + l) * Og + o) * oW * um
+                    s = np.uint64((g * Og + o) * L + l) * oW
+                    for i in range(np.uint64(i0), np.uint64(i1)):
+                        v = i * R + s
+                        z = q + i
+                        for w in range(oW):
+                            Zb[z + w * um] = Vf[v + w]
 
 
 @jit

@@ -522,46 +522,55 @@ def _tiles_2x2(geo):
 
 
 @jit
-def _max_2x2(geo, X, Y, V, Xbar, backward):
+def _max_2x2(geo, X, Y, V, Xbar, XI, YI, backward):
     """`_max_block` for windows that tile the input (`_tiles_2x2`), an output row at a
-    time: each input position is in exactly one window, so the backward pass assigns
-    (no zeroing, no adding). Flat indices, not views per row: a view costs more than
-    a short row's work."""
+    time: each input position is in exactly one window, so the backward pass writes
+    every position once (no adding). XI, YI: X and Y's bit patterns (integer views).
+    Flat indices, not views per row: a view costs more than a short row's work."""
     W = geo[IW]
     oH, oW = geo[OH], geo[OW]
     zero = X.dtype.type(0.0)
+    # Unsigned offsets: a signed index pays a wraparound check at each access.
+    one = np.uint64(1)
+    uW = np.uint64(W)
     for n in range(X.shape[0]):
         x = X[n]
         y = Y[n]
         v = V[n]
         xb = Xbar[n]
+        xi = XI[n]
+        yi = YI[n]
         for q in range(geo[C] * geo[ID] * oH):  # output rows, all channels and depths
-            i0 = 2 * q * W
-            i1 = i0 + W
-            j = q * oW
+            i0 = np.uint64(2 * q * W)
+            i1 = i0 + uW
+            j = np.uint64(q * oW)
             if not backward:
                 for ow in range(oW):
-                    y[j + ow] = max(max(x[i0 + 2 * ow], x[i0 + 2 * ow + 1]),
-                                    max(x[i1 + 2 * ow], x[i1 + 2 * ow + 1]))
+                    o = np.uint64(2 * ow)
+                    y[j + np.uint64(ow)] = max(max(x[i0 + o], x[i0 + o + one]),
+                                               max(x[i1 + o], x[i1 + o + one]))
                 continue
-            for ow in range(oW):
-                m = y[j + ow]
-                g = v[j + ow]
-                # the first maximum in scan order, branch-free
-                e0 = x[i0 + 2 * ow] == m
-                e1 = (x[i0 + 2 * ow + 1] == m) and not e0
-                e2 = (x[i1 + 2 * ow] == m) and not (e0 or e1)
-                e3 = not (e0 or e1 or e2)
-                xb[i0 + 2 * ow] = g if e0 else zero
-                xb[i0 + 2 * ow + 1] = g if e1 else zero
-                xb[i1 + 2 * ow] = g if e2 else zero
-                xb[i1 + 2 * ow + 1] = g if e3 else zero
+            # Zero the window rows, then store the cotangent at the first maximum in
+            # scan order. Integer selects on the bit patterns (max returns one of its
+            # operands bit for bit): float selects become branches on random data.
+            for t in range(2 * W):
+                xb[i0 + np.uint64(t)] = zero
+            i = i0
+            for t in range(oW):
+                m = yi[j]
+                k = uW + one
+                k = uW if xi[i + uW] == m else k
+                k = one if xi[i + one] == m else k
+                k = np.uint64(0) if xi[i] == m else k
+                xb[i + k] = v[j]
+                i += np.uint64(2)
+                j += one
 
 
 @jit
-def _pool(geo, norm, X, Y, V, Xbar, taps, backward):
+def _pool(geo, norm, X, Y, V, Xbar, XI, YI, taps, backward):
     if geo[KIND] == MAX and _tiles_2x2(geo):
-        _max_2x2(geo, X, Y, V, Xbar, backward)
+        _max_2x2(geo, X, Y, V, Xbar, XI, YI, backward)
     elif geo[KIND] == MAX:
         _max_block(geo, X, Y, V, Xbar, taps, backward)
     else:
@@ -570,12 +579,17 @@ def _pool(geo, norm, X, Y, V, Xbar, taps, backward):
 
 def pool_forward(geo, norm, X, Y):
     """Y (N, C*out) = pooling of X (N, C*in), overwritten. `norm`: LPPool's p."""
-    _pool(geo, norm, X, Y, Y, X, _taps(geo), False)
+    _pool(geo, norm, X, Y, Y, X, X.view(_INT[X.dtype]), Y.view(_INT[Y.dtype]), _taps(geo),
+          False)
 
 
 def pool_pullback(geo, norm, X, Y, V, Xbar):
     """Xbar (N, C*in) = V^T dY/dX, overwritten (V, the output cotangent, is read only)."""
-    _pool(geo, norm, X, Y, V, Xbar, _taps(geo), True)
+    _pool(geo, norm, X, Y, V, Xbar, X.view(_INT[X.dtype]), Y.view(_INT[Y.dtype]), _taps(geo),
+          True)
+
+
+_INT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
 
 
 _TAPS = {}

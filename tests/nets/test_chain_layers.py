@@ -249,8 +249,9 @@ def test_kernels_allocate_nothing(rng):
         elif isinstance(layer, MaxPool):
             geo = layer._geo(L.in_shape)
             taps = pool._taps(geo)
-            cases += [(pool._pool, (geo, 1.0, h, y, y, h, taps, False)),
-                      (pool._pool, (geo, 1.0, h, y, y, np.empty_like(h), taps, True))]
+            hi, yi = h.view(np.int64), y.view(np.int64)  # the bit patterns (2x2 kernel)
+            cases += [(pool._pool, (geo, 1.0, h, y, y, h, hi, yi, taps, False)),
+                      (pool._pool, (geo, 1.0, h, y, y, np.empty_like(h), hi, yi, taps, True))]
         elif isinstance(layer, Dense):
             cases += [(linear.dense_forward, (h, pp, layer.out, True, y, lane.scratch[l])),
                       (linear.dense_pullback, (h, pp, layer.out, True, y, np.empty_like(h),

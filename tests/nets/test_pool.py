@@ -119,6 +119,26 @@ def test_max_pool_gradient_goes_to_the_first_maximum():
     np.testing.assert_array_equal(xbar, [[[[0, 10, 20, 0], [0, 0, 0, 0]]]])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_max_pool_2x2_ties_go_to_the_first_maximum(dtype, rng):
+    # LeNet's pooling (2x2 windows tiling the input: its own kernel) on inputs full of
+    # ties, as after a relu: the cotangent goes to the first maximum in scan order
+    shape = (3, 6, 8)
+    chain = Chain(shape, MaxPool((2, 2)))
+    x = rng.integers(0, 3, size=(4, *shape)).astype(dtype)
+    v = rng.normal(size=(4, *chain.out_shape)).astype(dtype)
+    ws = chain.workspace(4, dtype=dtype)
+    xbar = np.full_like(x, np.nan)
+    chain.vjp_into(xbar, np.zeros(0, dtype), v, x, np.zeros(0, dtype), ws)
+    windows = x.reshape(4, 3, 3, 2, 4, 2).transpose(0, 1, 2, 4, 3, 5).reshape(4, 3, 3, 4, 4)
+    first = windows.argmax(axis=-1)  # numpy's argmax: the first maximum
+    ref = np.zeros_like(windows)
+    np.put_along_axis(ref, first[..., None], v[..., None], axis=-1)
+    ref = ref.reshape(4, 3, 3, 4, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(x.shape)
+    np.testing.assert_array_equal(xbar, ref)
+    np.testing.assert_array_equal(chain(x, np.zeros(0, dtype)), windows.max(axis=-1))
+
+
 def test_flatten_is_c_order(rng):
     chain = Chain((2, 3, 4), Flatten())
     x = rng.normal(size=(5, 2, 3, 4))
