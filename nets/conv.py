@@ -25,7 +25,15 @@ import numpy as np
 
 from ._config import jit
 from .gemm import gemm_nn, gemm_nn_rows, gemm_nt, gemm_nt_rows
-from .layers import Layer, _shape, check_activation, check_positive_int, torch_uniform
+from .layers import (
+    CONV,
+    Kernels,
+    Layer,
+    _shape,
+    check_activation,
+    check_positive_int,
+    torch_uniform,
+)
 
 # Positions in `geo`: the convolution's input ("image") side, its output ("column") side,
 # kernel, stride, padding, dilation, groups.
@@ -135,6 +143,10 @@ class _ConvBase(Layer):
 
     def scratch_size(self, in_shape, batch):
         return scratch_size(self._geo(_shape(in_shape))[0], self._transposed, batch)
+
+    def compiled(self, in_shape):
+        geo, taps = self._geo(_shape(in_shape))
+        return Kernels(CONV, geo=geo, taps=taps, transposed=self._transposed, bias=self.bias)
 
     def forward(self, ctx, x, y, p, s, scratch):
         geo, taps = self._geo(x.shape[1:])

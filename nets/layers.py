@@ -7,6 +7,7 @@ layer. Convolutions are in `nets.conv`, pooling and `Flatten` in `nets.pool`.
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -58,6 +59,25 @@ class Context:
 
 def _prod(shape):
     return int(math.prod(shape))
+
+
+# Kinds of `Kernels`: which kernel pair a compiled lane step calls.
+CONV, POOL, DENSE, FLATTEN = 0, 1, 2, 3
+_NO_GEO = np.zeros(1, np.int64)
+_NO_TAPS = np.zeros((1, 1), np.int64)
+
+
+class Kernels(NamedTuple):
+    """What a compiled lane step needs to call a layer's kernels (`Layer.compiled`):
+    the kind and the arguments the kernels take besides the arrays."""
+
+    kind: int  # CONV, POOL, DENSE or FLATTEN
+    geo: np.ndarray = _NO_GEO  # int64 geometry (conv, pool)
+    taps: np.ndarray = _NO_TAPS  # int64: conv (rows, 8), pool (1-D)
+    norm: float = 1.0  # LPPool's power
+    transposed: bool = False
+    bias: bool = False
+    out: int = 0  # Dense's outputs
 
 
 class Layer:
@@ -124,6 +144,10 @@ class Layer:
         ``x``) with ``ybar^T dy/dx``; ``xbar`` is None when the chain does not need it
         (the first layer while training), and then nothing need be computed for it.
         May overwrite ``ybar`` and ``scratch``.
+    ``compiled(in_shape) -> Kernels or None``
+        The layer's kernels as data (`Kernels`), so that a lane's whole training step
+        runs as one compiled call (`nets.lanestep`): no Python between the layers, one
+        GIL hand-over per step. Default None: the chain calls `forward`/`pullback`.
     ``couples_batch(training) -> bool``
         True where one sample's output depends on the other samples of the batch
         (BatchNorm in training mode); see Threads. Default: False.
@@ -187,6 +211,9 @@ class Layer:
 
     def couples_batch(self, training):
         return False
+
+    def compiled(self, in_shape):
+        return None
 
     def forward(self, ctx, x, y, p, s, scratch):
         raise NotImplementedError
@@ -292,6 +319,9 @@ class Dense(Layer):
         from . import linear
 
         linear.pullback(self, ctx, ybar, x, p, pbar, xbar, scratch)
+
+    def compiled(self, in_shape):
+        return Kernels(DENSE, bias=self.bias, out=self.out)
 
     def jax_apply(self, params, state, x, ctx):
         z = x @ params["weight"].T

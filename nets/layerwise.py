@@ -9,7 +9,9 @@ whole chain on its block through its own `Lane` (every buffer it needs, sized on
 with its own gradient vector; the kernels release the GIL, so the lanes run in
 parallel on ordinary Python threads, and the gradients are added in lane order (for a
 given thread count the result does not depend on scheduling). A chain with a layer
-that couples the samples (`Layer.couples_batch`) runs as one block instead.
+that couples the samples (`Layer.couples_batch`) runs as one block instead. In
+minibatch training, a chain whose layers all have a compiled form runs each lane's
+step as one compiled call instead (`nets.lanestep`), on the same buffers.
 
 A lane holds, for up to `rows` samples:
 
@@ -31,63 +33,11 @@ import numpy as np
 from . import registry
 from ._config import jit
 from .activations import activate_row, activate_row_c
+from .lanestep import LOGITCE, Program, gather, loss_seed, multiply
 from .layers import Context
 from .rng import layer_key
 
-SQUARED, ABSOLUTE, LOGITCE = 0, 1, 2
-
 # ------------------------------------------------------------------ compiled helpers
-
-
-@jit
-def multiply(v, d, n):
-    """v[:n] *= d[:n] (the cotangent through an activation)."""
-    for j in range(n):
-        v[j] *= d[j]
-
-
-@jit
-def loss_seed(code, Y, T, G, scale):
-    """Loss of outputs Y (N, k) against targets T; G = scale * dL/dY (overwritten).
-    Returns scale * loss. For LOGITCE, T[:, 0] holds the class index."""
-    N, k = Y.shape
-    total = 0.0
-    for n in range(N):
-        y = Y[n]
-        g = G[n]
-        if code == LOGITCE:
-            m = y[0]
-            for o in range(1, k):
-                m = max(m, y[o])
-            s = 0.0
-            for o in range(k):
-                s += math.exp(y[o] - m)
-            label = int(T[n, 0])
-            total += m + math.log(s) - y[label]
-            for o in range(k):
-                q = math.exp(y[o] - m) / s
-                g[o] = scale * (q - (1.0 if o == label else 0.0))
-        else:
-            t = T[n]
-            for o in range(k):
-                e = y[o] - t[o]
-                if code == SQUARED:
-                    total += e * e
-                    g[o] = 2.0 * scale * e
-                else:
-                    total += abs(e)
-                    g[o] = scale * (1.0 if e > 0 else (-1.0 if e < 0 else 0.0))
-    return total * scale
-
-
-@jit
-def gather(src, rows, lo, hi, dst):
-    """dst[i] = src[rows[lo + i]] for i < hi - lo (src, dst 2-D)."""
-    for i in range(hi - lo):
-        s = src[rows[lo + i]]
-        d = dst[i]
-        for j in range(s.shape[0]):
-            d[j] = s[j]
 
 
 @jit
@@ -131,6 +81,14 @@ class Lane:
         self.g = g
         self.x0 = np.zeros((rows, plan[0].in_size), dtype)
         self.t0 = np.zeros((rows, max(1, targets)), dtype)
+        self._program = False
+
+    def program(self, chain):
+        """This lane's `nets.lanestep.Program` (made on first use), None if the chain's
+        layers have no compiled form."""
+        if self._program is False:
+            self._program = Program.of(chain, self)
+        return self._program
 
     def output(self, L, l, n):
         return self.out[l][:n * L.out_size].reshape((n, *L.out_shape))
@@ -328,6 +286,8 @@ def _step(chain, ws, X2, T, rows, lo, hi, loss, scale, p, state, training, seed,
         lane = ws.lanes[t]
         a, b = blocks[t]
         nb = b - a
+        if rows is not None and lane.program(chain) is not None:
+            return lane.program(chain).step(X2, T, rows, lo + a, lo + b, p, loss.code, scale)
         if rows is not None:
             x = lane.x0[:nb]
             gather(X2, rows, lo + a, lo + b, x)

@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numba.extending import overload
 
 from ._config import jit
 from .conv import _pad3, _spatial_input, _tuple
-from .layers import Layer, _prod, _shape
+from .layers import FLATTEN, POOL, Kernels, Layer, _prod, _shape
 
 MAX, AVG, LP = 0, 1, 2
 
@@ -36,8 +37,30 @@ def _window_dims(owner, v, nd):
     return _tuple(owner, "kernel", v, len(v), 1)
 
 
+class _Pooling(Layer):
+    """What every pooling layer shares: its kernels, given `pool_args` (geometry, power)."""
+
+    def pool_args(self, in_shape):
+        raise NotImplementedError
+
+    def forward(self, ctx, x, y, p, s, scratch):
+        N = x.shape[0]
+        pool_forward(*self.pool_args(x.shape[1:]), x.reshape(N, -1), y.reshape(N, -1))
+
+    def pullback(self, ctx, ybar, x, y, p, s, pbar, xbar, scratch):
+        if xbar is None:
+            return
+        N = x.shape[0]
+        pool_pullback(*self.pool_args(x.shape[1:]), x.reshape(N, -1), y.reshape(N, -1),
+                      ybar.reshape(N, -1), xbar.reshape(N, -1))
+
+    def compiled(self, in_shape):
+        geo, norm = self.pool_args(_shape(in_shape))
+        return Kernels(POOL, geo=geo, taps=_taps(geo), norm=norm)
+
+
 @dataclass(frozen=True)
-class _Pool(Layer):
+class _Pool(_Pooling):
     kernel: tuple
     stride: object = None
     padding: object = 0
@@ -91,21 +114,8 @@ class _Pool(Layer):
                          *_pad3(self.dilation, 1), self._kind, 0, int(include_pad)],
                         dtype=np.int64)
 
-    def _norm(self):
-        return 1.0
-
-
-    def forward(self, ctx, x, y, p, s, scratch):
-        N = x.shape[0]
-        pool_forward(self._geo(x.shape[1:], self._incl()), self._norm(), x.reshape(N, -1),
-                     y.reshape(N, -1))
-
-    def pullback(self, ctx, ybar, x, y, p, s, pbar, xbar, scratch):
-        if xbar is None:
-            return
-        N = x.shape[0]
-        pool_pullback(self._geo(x.shape[1:], self._incl()), self._norm(), x.reshape(N, -1),
-                      y.reshape(N, -1), ybar.reshape(N, -1), xbar.reshape(N, -1))
+    def pool_args(self, in_shape):
+        return self._geo(in_shape, self._incl()), 1.0
 
     def _incl(self):
         return True
@@ -157,7 +167,7 @@ class AvgPool(_Pool):
 
 
 @dataclass(frozen=True)
-class LPPool(Layer):
+class LPPool(_Pooling):
     """Power-average pooling (PyTorch's ``LPPool1d/2d/3d``): ``(sum over the window of
     x**p) ** (1/p)``, no padding. As in PyTorch, negative sums give NaN for odd p."""
 
@@ -183,19 +193,8 @@ class LPPool(Layer):
     def out_shape(self, in_shape):
         return self._as_pool().out_shape(in_shape)
 
-    def forward(self, ctx, x, y, p, s, scratch):
-        pw = self._as_pool()
-        N = x.shape[0]
-        pool_forward(pw._geo(x.shape[1:], False), float(self.norm_type), x.reshape(N, -1),
-                     y.reshape(N, -1))
-
-    def pullback(self, ctx, ybar, x, y, p, s, pbar, xbar, scratch):
-        if xbar is None:
-            return
-        pw = self._as_pool()
-        N = x.shape[0]
-        pool_pullback(pw._geo(x.shape[1:], False), float(self.norm_type), x.reshape(N, -1),
-                      y.reshape(N, -1), ybar.reshape(N, -1), xbar.reshape(N, -1))
+    def pool_args(self, in_shape):
+        return self._as_pool()._geo(in_shape, False), float(self.norm_type)
 
     def jax_apply(self, params, state, x, ctx):
         import jax.numpy as jnp
@@ -210,7 +209,7 @@ class _LPWindow(_Pool):
 
 
 @dataclass(frozen=True)
-class _Adaptive(Layer):
+class _Adaptive(_Pooling):
     output_size: tuple
 
     _kind = MAX
@@ -242,16 +241,8 @@ class _Adaptive(Layer):
         return np.array([c, *_pad3(sp, 1), *_pad3(o, 1), 1, 1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1,
                          self._kind, 1, 0], dtype=np.int64)
 
-    def forward(self, ctx, x, y, p, s, scratch):
-        N = x.shape[0]
-        pool_forward(self._geo(x.shape[1:]), 1.0, x.reshape(N, -1), y.reshape(N, -1))
-
-    def pullback(self, ctx, ybar, x, y, p, s, pbar, xbar, scratch):
-        if xbar is None:
-            return
-        N = x.shape[0]
-        pool_pullback(self._geo(x.shape[1:]), 1.0, x.reshape(N, -1), y.reshape(N, -1),
-                      ybar.reshape(N, -1), xbar.reshape(N, -1))
+    def pool_args(self, in_shape):
+        return self._geo(in_shape), 1.0
 
     def jax_apply(self, params, state, x, ctx):
         import jax.numpy as jnp
@@ -320,6 +311,9 @@ class Flatten(Layer):
 
     def forward(self, ctx, x, y, p, s, scratch):
         np.copyto(y, x.reshape(y.shape))
+
+    def compiled(self, in_shape):
+        return Kernels(FLATTEN)
 
     def pullback(self, ctx, ybar, x, y, p, s, pbar, xbar, scratch):
         if xbar is not None:
@@ -511,6 +505,16 @@ def _sum_block(geo, norm, X, Y, V, Xbar, backward):
                                 Y[n, j0 + ow] = acc ** (1.0 / norm)
 
 
+def _bits(a):
+    """An integer view of a float array: its bit patterns (compiled only)."""
+
+
+@overload(_bits, inline="always")
+def _bits_overload(a):
+    t = np.int32 if a.dtype.bitwidth == 32 else np.int64
+    return lambda a: a.view(t)
+
+
 @jit
 def _tiles_2x2(geo):
     """Whether the windows are 2 x 2 (along H, W) and tile the input exactly: stride 2, no
@@ -522,11 +526,11 @@ def _tiles_2x2(geo):
 
 
 @jit
-def _max_2x2(geo, X, Y, V, Xbar, XI, YI, backward):
+def _max_2x2(geo, X, Y, V, Xbar, backward):
     """`_max_block` for windows that tile the input (`_tiles_2x2`), an output row at a
     time: each input position is in exactly one window, so the backward pass writes
-    every position once (no adding). XI, YI: X and Y's bit patterns (integer views).
-    Flat indices, not views per row: a view costs more than a short row's work."""
+    every position once (no adding). Flat indices, not views per row: a view costs more
+    than a short row's work."""
     W = geo[IW]
     oH, oW = geo[OH], geo[OW]
     zero = X.dtype.type(0.0)
@@ -538,8 +542,8 @@ def _max_2x2(geo, X, Y, V, Xbar, XI, YI, backward):
         y = Y[n]
         v = V[n]
         xb = Xbar[n]
-        xi = XI[n]
-        yi = YI[n]
+        xi = _bits(x)
+        yi = _bits(y)
         for q in range(geo[C] * geo[ID] * oH):  # output rows, all channels and depths
             i0 = np.uint64(2 * q * W)
             i1 = i0 + uW
@@ -556,7 +560,7 @@ def _max_2x2(geo, X, Y, V, Xbar, XI, YI, backward):
             for t in range(2 * W):
                 xb[i0 + np.uint64(t)] = zero
             i = i0
-            for t in range(oW):
+            for _ in range(oW):
                 m = yi[j]
                 k = uW + one
                 k = uW if xi[i + uW] == m else k
@@ -568,9 +572,9 @@ def _max_2x2(geo, X, Y, V, Xbar, XI, YI, backward):
 
 
 @jit
-def _pool(geo, norm, X, Y, V, Xbar, XI, YI, taps, backward):
+def _pool(geo, norm, X, Y, V, Xbar, taps, backward):
     if geo[KIND] == MAX and _tiles_2x2(geo):
-        _max_2x2(geo, X, Y, V, Xbar, XI, YI, backward)
+        _max_2x2(geo, X, Y, V, Xbar, backward)
     elif geo[KIND] == MAX:
         _max_block(geo, X, Y, V, Xbar, taps, backward)
     else:
@@ -579,17 +583,12 @@ def _pool(geo, norm, X, Y, V, Xbar, XI, YI, taps, backward):
 
 def pool_forward(geo, norm, X, Y):
     """Y (N, C*out) = pooling of X (N, C*in), overwritten. `norm`: LPPool's p."""
-    _pool(geo, norm, X, Y, Y, X, X.view(_INT[X.dtype]), Y.view(_INT[Y.dtype]), _taps(geo),
-          False)
+    _pool(geo, norm, X, Y, Y, X, _taps(geo), False)
 
 
 def pool_pullback(geo, norm, X, Y, V, Xbar):
     """Xbar (N, C*in) = V^T dY/dX, overwritten (V, the output cotangent, is read only)."""
-    _pool(geo, norm, X, Y, V, Xbar, X.view(_INT[X.dtype]), Y.view(_INT[Y.dtype]), _taps(geo),
-          True)
-
-
-_INT = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+    _pool(geo, norm, X, Y, V, Xbar, _taps(geo), True)
 
 
 _TAPS = {}

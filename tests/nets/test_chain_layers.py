@@ -225,7 +225,7 @@ def test_input_errors(rng):
 @needs_jit
 @pytest.mark.usefixtures("nrt_stats")
 def test_kernels_allocate_nothing(rng):
-    from nets import conv, layerwise, linear, pool
+    from nets import conv, lanestep, layerwise, linear, pool
 
     chain = small()
     ws = chain.workspace(4)
@@ -249,9 +249,8 @@ def test_kernels_allocate_nothing(rng):
         elif isinstance(layer, MaxPool):
             geo = layer._geo(L.in_shape)
             taps = pool._taps(geo)
-            hi, yi = h.view(np.int64), y.view(np.int64)  # the bit patterns (2x2 kernel)
-            cases += [(pool._pool, (geo, 1.0, h, y, y, h, hi, yi, taps, False)),
-                      (pool._pool, (geo, 1.0, h, y, y, np.empty_like(h), hi, yi, taps, True))]
+            cases += [(pool._pool, (geo, 1.0, h, y, y, h, taps, False)),
+                      (pool._pool, (geo, 1.0, h, y, y, np.empty_like(h), taps, True))]
         elif isinstance(layer, Dense):
             cases += [(linear.dense_forward, (h, pp, layer.out, True, y, lane.scratch[l])),
                       (linear.dense_pullback, (h, pp, layer.out, True, y, np.empty_like(h),
@@ -259,6 +258,17 @@ def test_kernels_allocate_nothing(rng):
         h = y
     T = np.zeros((n, 1))
     cases += [(layerwise.loss_seed, (2, h, T, np.empty_like(h), 1.0))]
+    # max pooling's own kernel for 2x2 windows tiling the input (LeNet's)
+    geo = MaxPool((2, 2)).pool_args((2, 8, 8))[0]
+    x8, y8 = rng.normal(size=(n, 128)), np.empty((n, 32))
+    cases += [(pool._pool, (geo, 1.0, x8, y8, y8, x8, pool._taps(geo), False)),
+              (pool._pool, (geo, 1.0, x8, y8, y8, np.empty_like(x8), pool._taps(geo), True))]
+    # the whole training step of a lane in one call (nets.lanestep)
+    prog = lane.program(chain)
+    X2, rows = x.reshape(n, -1), np.arange(n, dtype=np.int64)
+    cases += [(lanestep.train_step, (prog.table, prog.consts, prog.geos, prog.ctaps, prog.ptaps,
+                                     prog.outs, prog.scratch, lane.cot[0], lane.cot[1], lane.rows,
+                                     X2, T, rows, 0, n, lane.x0, lane.t0, p, lane.g, 2, 1.0))]
     for kernel, args in cases:
         assert allocations_in(kernel, args)[1] == 0, kernel
 

@@ -1,0 +1,67 @@
+"""The compiled lane step (`nets.lanestep`) against the per-layer path it replaces: the
+same loss and gradient, bit for bit, for every layer kind it covers."""
+
+import numpy as np
+import pytest
+
+import nets
+from nets import (
+    AdaptiveAvgPool,
+    AdaptiveMaxPool,
+    AvgPool,
+    Chain,
+    Conv,
+    ConvTranspose,
+    Dense,
+    Dropout,
+    Flatten,
+    LPPool,
+    MaxPool,
+    layerwise,
+)
+
+CHAINS = {
+    "lenet-like": lambda: Chain((1, 12, 12), Conv(3, (3, 3), "relu"), MaxPool((2, 2)),
+                                Conv(4, (3, 3), "tanh", padding=1), AvgPool((2, 2)), Flatten(),
+                                Dense(7, "elu(alpha=2.0)"), Dense(3)),
+    "transposed, strided, LP, adaptive": lambda: Chain(
+        (2, 5, 5), ConvTranspose(3, (2, 2), "softplus", stride=2), Conv(2, (3, 3), stride=(2, 1)),
+        LPPool(2, (2, 2)), AdaptiveMaxPool((2, 2)), AdaptiveAvgPool((1, 1)), Flatten(),
+        Dense(3, "leaky_relu(negative_slope=0.2)")),
+}
+
+
+def _both(chain, loss, targets, rng, n=9):
+    p = chain.init_params(seed=0)
+    X2 = rng.normal(size=(n, chain.n_in))
+    T = targets(n)
+    rows = rng.permutation(n).astype(np.int64)
+    ws = layerwise.LayerWorkspace(chain, n, np.float64, T.shape[1], 1)
+    lane = ws.lanes[0]
+    out = []
+    for program in (False, None):  # compiled, then the per-layer path
+        lane._program = program
+        g = np.zeros_like(p)
+        val = layerwise._step(chain, ws, X2, T, rows, 1, n, loss, 0.5, p, np.zeros(0), True, 0,
+                              g, 1)
+        out.append((val, g))
+    return out
+
+
+@pytest.mark.parametrize("name", CHAINS)
+def test_compiled_step_is_the_per_layer_step(name, rng):
+    chain = CHAINS[name]()
+    assert chain.workspace(2).lanes[0].program(chain) is not None
+    if chain.n_out == 3:
+        loss, targets = nets.LogitCrossEntropyLoss(), lambda n: rng.integers(0, 3, (n, 1)) * 1.0
+    else:
+        loss, targets = nets.SquaredLoss(), lambda n: rng.normal(size=(n, chain.n_out))
+    (v1, g1), (v2, g2) = _both(chain, loss, targets, rng)
+    assert v1 == v2
+    np.testing.assert_array_equal(g1, g2)
+    assert np.abs(g1).max() > 0
+
+
+def test_chains_without_a_compiled_form_keep_the_per_layer_path():
+    chain = Chain((1, 6, 6), Conv(2, (3, 3)), Dropout(0.5), Flatten(), Dense(2))
+    assert chain.workspace(2).lanes[0].program(chain) is None
