@@ -674,8 +674,8 @@ def _unpad_block(geo, Ib, n0, m, X):
                         x[s + w] = Ib[o + w * um]
 
 
-# The two transposes between a block's lines (sample fastest) and the batch-first rows.
-# Eight samples at a time: a sample's rows lie a whole row length apart, often a
+# The transpose between a block's lines (sample fastest) and the batch-first rows, both
+# ways. Eight samples at a time: a sample's rows lie a whole row length apart, often a
 # multiple of 4 KiB (conv2's 16 x 8 x 8 floats), and reading all m at once would
 # evict them from L1 (8 ways) before the next position; unsigned offsets, because a
 # signed index pays a wraparound check at each access (together 3-6x faster).
@@ -683,8 +683,10 @@ TILE = 8
 
 
 @jit
-def _rows_from_lines(geo, Zb, n0, m, Y, bias, has_bias):
-    """Y[n0 + i, (c', od, oh, ow)] = Zb[g, (od, oh), c' - g C'/G, ow * m + i] (+ bias)."""
+def _block_rows(geo, Zb, n0, m, Y, bias, has_bias, to_rows):
+    """Between a block's lines Zb (g, (od, oh), c' - g C'/G, ow * m + i) and rows n0 ..
+    n0 + m of the batch-first Y (i, (c', od, oh, ow)): into Y (+ bias) if `to_rows`, else
+    into Zb (no bias)."""
     G = geo[GR]
     Og = geo[CO] // G
     L = geo[OD] * geo[OH]
@@ -704,32 +706,12 @@ def _rows_from_lines(geo, Zb, n0, m, Y, bias, has_bias):
                     for i in range(np.uint64(i0), np.uint64(i1)):
                         y = i * R + d
                         z = q + i
-                        for w in range(oW):
-                            Yf[y + w] = Zb[z + w * um] + b
-
-
-@jit
-def _lines_from_rows(geo, V, n0, m, Zb):
-    """`_rows_from_lines` undone (no bias): Zb from rows n0 .. n0 + m of V."""
-    G = geo[GR]
-    Og = geo[CO] // G
-    L = geo[OD] * geo[OH]
-    oW = np.uint64(geo[OW])
-    um = np.uint64(m)
-    R = np.uint64(V.shape[1])
-    Vf = V[n0:n0 + m].reshape(-1)
-    for i0 in range(0, m, TILE):
-        i1 = min(m, i0 + TILE)
-        for g in range(G):
-            for o in range(Og):
-                for l in range(L):
-                    q = np.uint64((g * L + l) * Og + o) * oW * um
-                    s = np.uint64((g * Og + o) * L + l) * oW
-                    for i in range(np.uint64(i0), np.uint64(i1)):
-                        v = i * R + s
-                        z = q + i
-                        for w in range(oW):
-                            Zb[z + w * um] = Vf[v + w]
+                        if to_rows:
+                            for w in range(oW):
+                                Yf[y + w] = Zb[z + w * um] + b
+                        else:
+                            for w in range(oW):
+                                Zb[z + w * um] = Yf[y + w]
 
 
 @jit
@@ -779,7 +761,7 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
             for l in range(L):
                 gemm_nn_rows(Z3[g * L + l], W2[g * Og:(g + 1) * Og], Ib, offs,
                              _line_base(geo, g, l, m), m, False)
-        _rows_from_lines(geo, Zb, n0, m, Y, bias, has_bias)
+        _block_rows(geo, Zb, n0, m, Y, bias, has_bias, True)
 
 
 @jit
@@ -803,7 +785,7 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
         m = min(nb, N - n0)
         J = geo[OW] * m
         Ib, Xb, Zb, dcol = _direct_blocks(geo, scratch, m)
-        _lines_from_rows(geo, V, n0, m, Zb)
+        _block_rows(geo, Zb, n0, m, V, gp, False, False)  # (the bias is not read)
         if has_bias:
             for i in range(m):
                 v = V[n0 + i]

@@ -21,7 +21,7 @@ import numpy as np
 from numba.typed import List
 
 from ._config import jit
-from .activations import activate_row_c
+from .activations import _DEFAULT0, _DEFAULT1, activate_row_c
 from .conv import conv_forward, conv_pullback
 from .kernels import LOGITCE, SQUARED
 from .layers import CONV, DENSE, POOL
@@ -44,8 +44,6 @@ class Program:
         return cls(chain, lane, kernels)
 
     def __init__(self, chain, lane, kernels):
-        from . import activations
-
         plan = chain._plan
         self.table = np.zeros((len(plan), 11), np.int64)
         self.consts = np.zeros((len(plan), 3), np.float64)
@@ -56,8 +54,7 @@ class Program:
             row[POFF], row[NPAR] = L.poff, L.n_params
             row[TRANSPOSED], row[BIAS], row[NOUT] = k.transposed, k.bias, k.out
             if L.act >= 0:
-                c = L.consts if L.consts is not None else \
-                    (activations._DEFAULT0[L.act], activations._DEFAULT1[L.act])
+                c = L.consts if L.consts is not None else (_DEFAULT0[L.act], _DEFAULT1[L.act])
                 self.consts[l, C0], self.consts[l, C1] = c
             self.consts[l, NORM] = k.norm
             row[GEO] = len(geos)

@@ -286,8 +286,9 @@ def _step(chain, ws, X2, T, rows, lo, hi, loss, scale, p, state, training, seed,
         lane = ws.lanes[t]
         a, b = blocks[t]
         nb = b - a
-        if rows is not None and lane.program(chain) is not None:
-            return lane.program(chain).step(X2, T, rows, lo + a, lo + b, p, loss.code, scale)
+        program = lane.program(chain) if rows is not None else None
+        if program is not None:
+            return program.step(X2, T, rows, lo + a, lo + b, p, loss.code, scale)
         if rows is not None:
             x = lane.x0[:nb]
             gather(X2, rows, lo + a, lo + b, x)
