@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._config import jit
-from .gemm import gemm_nn, gemm_nn_rows, gemm_nt, gemm_nt_rows
+from .gemm import gemm_nn, gemm_nn_rows, gemm_nt, gemm_nt_rows, gemm_tn_rows
 from .layers import (
     CONV,
     Kernels,
@@ -519,7 +519,7 @@ def _per_sample(geo, transposed):
     if not transposed and geo[SW] == 1:
         padded = geo[CI] * (geo[ID] + 2 * geo[PD]) * (geo[IH] + 2 * geo[PH]) \
             * (geo[IW] + 2 * geo[PW])
-        return 2 * padded + geo[CO] * P + rows * geo[OW]
+        return 2 * padded + geo[CO] * P
     return (rows + geo[CO]) * P
 
 
@@ -716,16 +716,10 @@ def _block_rows(geo, Zb, n0, m, Y, bias, has_bias, to_rows):
 
 @jit
 def _direct_blocks(geo, scratch, m):
-    """A block's buffers: Ib, its cotangent Xb (both padded images), Zb, and dcol
-    (the taps' cotangent for one output row, (rows, OW * m))."""
-    rows = geo[CI] // geo[GR] * geo[KD] * geo[KH] * geo[KW]
+    """A block's buffers: Ib, its cotangent Xb (both padded images), and Zb."""
     SP = geo[CI] * (geo[ID] + 2 * geo[PD]) * (geo[IH] + 2 * geo[PH]) * (geo[IW] + 2 * geo[PW])
     nz = geo[CO] * geo[OD] * geo[OH] * geo[OW] * m
-    Ib = scratch[:SP * m]
-    Xb = scratch[SP * m:2 * SP * m]
-    Zb = scratch[2 * SP * m:2 * SP * m + nz]
-    dcol = scratch[2 * SP * m + nz:2 * SP * m + nz + rows * geo[OW] * m]
-    return Ib, Xb, Zb, dcol.reshape((rows, geo[OW] * m))
+    return scratch[:SP * m], scratch[SP * m:2 * SP * m], scratch[2 * SP * m:2 * SP * m + nz]
 
 
 @jit(inline="always")
@@ -754,7 +748,7 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
     for n0 in range(0, N, nb):
         m = min(nb, N - n0)
         J = geo[OW] * m
-        Ib, Xb, Zb, dcol = _direct_blocks(geo, scratch, m)
+        Ib, Xb, Zb = _direct_blocks(geo, scratch, m)
         _pad_block(geo, X, n0, m, Ib)
         Z3 = Zb.reshape((G * L, Og, J))
         for g in range(G):
@@ -767,8 +761,8 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
 @jit
 def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
     """`conv_pullback` of a `Conv` with stride 1 along W: per block and output row, the
-    weight gradient from the same windows, and the input gradient as the taps'
-    cotangent (W^T times the row's cotangent) added back at each window."""
+    weight gradient from the same windows, and the input gradient added into the windows
+    in place (`gemm_tn_rows`: W^T times the row's cotangent)."""
     G = geo[GR]
     ccol = geo[CO]
     Og = ccol // G
@@ -784,7 +778,7 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
     for n0 in range(0, N, nb):
         m = min(nb, N - n0)
         J = geo[OW] * m
-        Ib, Xb, Zb, dcol = _direct_blocks(geo, scratch, m)
+        Ib, Xb, Zb = _direct_blocks(geo, scratch, m)
         _block_rows(geo, Zb, n0, m, V, gp, False, False)  # (the bias is not read)
         if has_bias:
             for i in range(m):
@@ -804,12 +798,7 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
                 base = _line_base(geo, g, l, m)
                 gemm_nt_rows(gW[g * Og:(g + 1) * Og], Z3[g * L + l], Ib, offs, base, m)
                 if want_x:
-                    gemm_nn(dcol, W2[g * Og:(g + 1) * Og].T, Z3[g * L + l], False)
-                    for k in range(rows):
-                        d = Xb[base + offs[k] * m:base + offs[k] * m + J]
-                        s = dcol[k]
-                        for j in range(J):
-                            d[j] += s[j]
+                    gemm_tn_rows(Xb, base, offs, m, W2[g * Og:(g + 1) * Og], Z3[g * L + l])
         if want_x:
             _unpad_block(geo, Xb, n0, m, Xbar)
 

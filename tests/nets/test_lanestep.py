@@ -1,5 +1,7 @@
 """The compiled lane step (`nets.lanestep`) against the per-layer path it replaces: the
-same loss and gradient, bit for bit, for every layer kind it covers."""
+same loss and gradient for every layer kind it covers, to rounding: the kernels are the
+same code, but compiled into one call LLVM may vectorise a reduction (a bias's sum) in
+another order (seen in a cold CI run: 1 ulp in the biases of two convolutions)."""
 
 import numpy as np
 import pytest
@@ -57,8 +59,8 @@ def test_compiled_step_is_the_per_layer_step(name, rng):
     else:
         loss, targets = nets.SquaredLoss(), lambda n: rng.normal(size=(n, chain.n_out))
     (v1, g1), (v2, g2) = _both(chain, loss, targets, rng)
-    assert v1 == v2
-    np.testing.assert_array_equal(g1, g2)
+    np.testing.assert_allclose(v1, v2, rtol=1e-14)
+    np.testing.assert_allclose(g1, g2, rtol=1e-13, atol=1e-15 * np.abs(g2).max())
     assert np.abs(g1).max() > 0
 
 
