@@ -1,15 +1,16 @@
 """Small matrix products for the layer kernels (convolutions, batch-first Dense).
 
-Two register-blocked cores:
+Two register-blocked cores, whose right factor's k-th row is a window of a 1-D array
+(a convolution's input read in place, windows may overlap), or with ``offs=None`` the
+k-th row of a matrix (`gemm_nn`, `gemm_nt`):
 
-* `gemm_nn`: ``C (+)= A @ Bm``, vectorised along the rows of `Bm` and `C`
+* `gemm_nn_rows`: ``C (+)= A @ Bm``, vectorised along the rows of `Bm` and `C`
   (their last, contiguous axis); `A` is read one scalar at a time, so it may be
   a strided view (``W.T``).
-* `gemm_nt`: ``C += A @ Bm.T``, dot products along the rows of `A` and `Bm`
+* `gemm_nt_rows`: ``C += A @ Bm.T``, dot products along the rows of `A` and `Bm`
   (reductions: Dense's forward pass, weight gradients).
 
-and their forms for a convolution's input read in place (`*_rows`: the k-th row of a
-factor is a window of a 1-D array), with `gemm_tn_rows` adding into such windows.
+`gemm_tn_rows` adds ``A.T @ Bm`` into such windows (the adjoint of `gemm_nn_rows`).
 Products along rows work on 4 x 4 blocks, so that every element loaded feeds four
 FMAs; dot products on 2 x 4 (sixteen running sums and the rows they read would not fit
 AVX2's sixteen vector registers). The rows of a block are separate 1-D views, which
@@ -17,126 +18,40 @@ lets LLVM vectorise the inner loop with a runtime aliasing check. Leftover rows 
 columns run through narrower loops. Nothing allocates.
 """
 
-from ._config import jit
+from numba import types
+from numba.extending import overload
+
+from ._config import OPTIONS, jit
+
+
+def _tap(offs, k):
+    """Where the k-th row starts, in rows of `step`: offs[k], or k itself when offs is
+    None (the rows of a plain C-contiguous matrix)."""
+
+
+@overload(_tap, jit_options=OPTIONS, inline="always")
+def _tap_overload(offs, k):
+    if isinstance(offs, types.NoneType):
+        return lambda offs, k: k
+    return lambda offs, k: offs[k]
 
 
 @jit
 def gemm_nn(C, A, Bm, accumulate):
-    """C[m, :] (+)= sum_k A[m, k] * Bm[k, :]. Overwrites C unless `accumulate`."""
-    M, K = A.shape
-    J = Bm.shape[1]
-    if not accumulate:
-        for m in range(M):
-            c = C[m]
-            for j in range(J):
-                c[j] = 0.0
-    M4 = M - M % 4
-    K4 = K - K % 4
-    for m in range(0, M4, 4):
-        c0 = C[m]
-        c1 = C[m + 1]
-        c2 = C[m + 2]
-        c3 = C[m + 3]
-        for k in range(0, K4, 4):
-            b0 = Bm[k]
-            b1 = Bm[k + 1]
-            b2 = Bm[k + 2]
-            b3 = Bm[k + 3]
-            a00, a01, a02, a03 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
-            a10, a11, a12, a13 = A[m + 1, k], A[m + 1, k + 1], A[m + 1, k + 2], A[m + 1, k + 3]
-            a20, a21, a22, a23 = A[m + 2, k], A[m + 2, k + 1], A[m + 2, k + 2], A[m + 2, k + 3]
-            a30, a31, a32, a33 = A[m + 3, k], A[m + 3, k + 1], A[m + 3, k + 2], A[m + 3, k + 3]
-            for j in range(J):
-                x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
-                c0[j] += a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
-                c1[j] += a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
-                c2[j] += a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
-                c3[j] += a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
-        for k in range(K4, K):
-            b0 = Bm[k]
-            a0, a1, a2, a3 = A[m, k], A[m + 1, k], A[m + 2, k], A[m + 3, k]
-            for j in range(J):
-                x0 = b0[j]
-                c0[j] += a0 * x0
-                c1[j] += a1 * x0
-                c2[j] += a2 * x0
-                c3[j] += a3 * x0
-    for m in range(M4, M):
-        c0 = C[m]
-        for k in range(0, K4, 4):
-            b0 = Bm[k]
-            b1 = Bm[k + 1]
-            b2 = Bm[k + 2]
-            b3 = Bm[k + 3]
-            a0, a1, a2, a3 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
-            for j in range(J):
-                c0[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
-        for k in range(K4, K):
-            b0 = Bm[k]
-            a0 = A[m, k]
-            for j in range(J):
-                c0[j] += a0 * b0[j]
+    """C[m, :] (+)= sum_k A[m, k] * Bm[k, :]. Overwrites C unless `accumulate`. `Bm` is
+    C-contiguous; `A` may be strided (``W.T``)."""
+    gemm_nn_rows(C, A, Bm.reshape(-1), None, 0, Bm.shape[1], accumulate)
 
 
 @jit
 def gemm_nt(C, A, Bm):
-    """C[m, k] += sum_j A[m, j] * Bm[k, j] (both row sets contiguous along j); blocks of
-    2 x 4 as in `gemm_nt_rows`."""
-    M, J = A.shape
-    K = Bm.shape[0]
-    zero = C.dtype.type(0.0)
-    M2 = M - M % 2
-    K4 = K - K % 4
-    for m in range(0, M2, 2):
-        a0 = A[m]
-        a1 = A[m + 1]
-        for k in range(0, K4, 4):
-            b0 = Bm[k]
-            b1 = Bm[k + 1]
-            b2 = Bm[k + 2]
-            b3 = Bm[k + 3]
-            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
-            for j in range(J):
-                x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
-                y0, y1 = a0[j], a1[j]
-                s00 += y0 * x0
-                s01 += y0 * x1
-                s02 += y0 * x2
-                s03 += y0 * x3
-                s10 += y1 * x0
-                s11 += y1 * x1
-                s12 += y1 * x2
-                s13 += y1 * x3
-            C[m, k] += s00
-            C[m, k + 1] += s01
-            C[m, k + 2] += s02
-            C[m, k + 3] += s03
-            C[m + 1, k] += s10
-            C[m + 1, k + 1] += s11
-            C[m + 1, k + 2] += s12
-            C[m + 1, k + 3] += s13
-        for k in range(K4, K):
-            b0 = Bm[k]
-            s0 = s1 = zero
-            for j in range(J):
-                x0 = b0[j]
-                s0 += a0[j] * x0
-                s1 += a1[j] * x0
-            C[m, k] += s0
-            C[m + 1, k] += s1
-    for m in range(M2, M):
-        a0 = A[m]
-        for k in range(K):
-            b0 = Bm[k]
-            s0 = zero
-            for j in range(J):
-                s0 += a0[j] * b0[j]
-            C[m, k] += s0
+    """C[m, k] += sum_j A[m, j] * Bm[k, j] (`Bm` C-contiguous)."""
+    gemm_nt_rows(C, A, Bm.reshape(-1), None, 0, Bm.shape[1])
 
 
 @jit
 def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
-    """C[m, :] (+)= sum_k A[m, k] * src[base + offs[k] * step:][:J]: `gemm_nn` whose k-th
+    """C[m, :] (+)= sum_k A[m, k] * src[base + offs[k] * step:][:J]: a product whose k-th
     row of the right factor is a window of the 1-D `src` (rows may overlap: a
     convolution's input read in place, without unfolding it)."""
     M, K = A.shape
@@ -154,10 +69,10 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
         c2 = C[m + 2]
         c3 = C[m + 3]
         for k in range(0, K4, 4):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
-            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
-            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
-            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
+            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
+            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
             a00, a01, a02, a03 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
             a10, a11, a12, a13 = A[m + 1, k], A[m + 1, k + 1], A[m + 1, k + 2], A[m + 1, k + 3]
             a20, a21, a22, a23 = A[m + 2, k], A[m + 2, k + 1], A[m + 2, k + 2], A[m + 2, k + 3]
@@ -169,7 +84,7 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
                 c2[j] += a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
                 c3[j] += a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
         for k in range(K4, K):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
             a0, a1, a2, a3 = A[m, k], A[m + 1, k], A[m + 2, k], A[m + 3, k]
             for j in range(J):
                 x0 = b0[j]
@@ -183,10 +98,10 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
         c0 = C[m]
         c1 = C[m + 1]
         for k in range(0, K4, 4):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
-            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
-            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
-            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
+            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
+            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
             a00, a01, a02, a03 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
             a10, a11, a12, a13 = A[m + 1, k], A[m + 1, k + 1], A[m + 1, k + 2], A[m + 1, k + 3]
             for j in range(J):
@@ -194,7 +109,7 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
                 c0[j] += a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
                 c1[j] += a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
         for k in range(K4, K):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
             a0, a1 = A[m, k], A[m + 1, k]
             for j in range(J):
                 x0 = b0[j]
@@ -204,15 +119,15 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
     if m < M:
         c0 = C[m]
         for k in range(0, K4, 4):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
-            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
-            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
-            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
+            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
+            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
             a0, a1, a2, a3 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
             for j in range(J):
                 c0[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
         for k in range(K4, K):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
             a0 = A[m, k]
             for j in range(J):
                 c0[j] += a0 * b0[j]
@@ -233,10 +148,10 @@ def gemm_nt_rows(C, A, src, offs, base, step):
         a0 = A[m]
         a1 = A[m + 1]
         for k in range(0, K4, 4):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
-            b1 = src[base + offs[k + 1] * step:base + offs[k + 1] * step + J]
-            b2 = src[base + offs[k + 2] * step:base + offs[k + 2] * step + J]
-            b3 = src[base + offs[k + 3] * step:base + offs[k + 3] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
+            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
+            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
             s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
             for j in range(J):
                 x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
@@ -258,7 +173,7 @@ def gemm_nt_rows(C, A, src, offs, base, step):
             C[m + 1, k + 2] += s12
             C[m + 1, k + 3] += s13
         for k in range(K4, K):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
             s0 = s1 = zero
             for j in range(J):
                 x0 = b0[j]
@@ -269,7 +184,7 @@ def gemm_nt_rows(C, A, src, offs, base, step):
     for m in range(M2, M):
         a0 = A[m]
         for k in range(K):
-            b0 = src[base + offs[k] * step:base + offs[k] * step + J]
+            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
             s0 = zero
             for j in range(J):
                 s0 += a0[j] * b0[j]
@@ -285,7 +200,7 @@ def gemm_tn_rows(dst, base, offs, step, A, Bm):
     J = Bm.shape[1]
     M4 = M - M % 4
     for k in range(K):
-        o = base + offs[k] * step
+        o = base + _tap(offs, k) * step
         d = dst[o:o + J]
         for m in range(0, M4, 4):
             b0 = Bm[m]
