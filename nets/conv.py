@@ -798,10 +798,125 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
                 base = _line_base(geo, g, l, m)
                 gemm_nt_rows(gW[g * Og:(g + 1) * Og], Z3[g * L + l], Ib, offs, base, m)
                 if want_x:
-                    gemm_tn_rows(Xb, base, offs, m, W2[g * Og:(g + 1) * Og], Z3[g * L + l])
+                    gemm_tn_rows(Xb, base, offs, m, W2[g * Og:(g + 1) * Og], Z3[g * L + l],
+                                 geo[KW])
         if want_x:
             _unpad_block(geo, Xb, n0, m, Xbar)
 
+
+
+# -------------------------------------------------------- samples innermost
+#
+# The lane step (`nets.lanestep`) keeps a run of direct convolutions and poolings in the
+# layout the direct path computes in: feature-major, samples innermost (feature f of
+# sample i at f * n + i, for n samples). An unpadded input is then the block Ib itself,
+# and each output row of the product is a plane of the output (`nets.gemm`'s planes):
+# no conversion from or to rows. Padding is copied in runs of a row's W * n.
+
+
+@jit
+def fm_pad_size(geo, n):
+    """Scratch a padded input of n samples needs in the feature-major kernels (its copy
+    and its cotangent's); 0 without padding."""
+    if geo[PD] == 0 and geo[PH] == 0 and geo[PW] == 0:
+        return 0
+    return 2 * geo[CI] * (geo[ID] + 2 * geo[PD]) * (geo[IH] + 2 * geo[PH]) \
+        * (geo[IW] + 2 * geo[PW]) * n
+
+
+@jit
+def _fm_pad(geo, X, n, Ib, unpad):
+    """Ib (C, Dp, Hp, Wp, n) = X (C, D, H, W, n) with zero borders; with `unpad`, X = the
+    inner part of Ib instead."""
+    C, D, H, W = geo[CI], geo[ID], geo[IH], geo[IW]
+    pd, ph, pw = geo[PD], geo[PH], geo[PW]
+    Dp, Hp, Wp = D + 2 * pd, H + 2 * ph, W + 2 * pw
+    if not unpad:
+        for t in range(C * Dp * Hp * Wp * n):
+            Ib[t] = 0.0
+    run = W * n
+    for c in range(C):
+        for d in range(D):
+            for h in range(H):
+                s = ((c * D + d) * H + h) * run
+                o = (((c * Dp + d + pd) * Hp + h + ph) * Wp + pw) * n
+                if unpad:
+                    for j in range(run):
+                        X[s + j] = Ib[o + j]
+                else:
+                    for j in range(run):
+                        Ib[o + j] = X[s + j]
+
+
+@jit
+def conv_forward_fm(geo, taps, X, p, has_bias, Y, n, scratch):
+    """Y = conv(X) for n samples held feature-major (flat, samples innermost), a `Conv`
+    on the direct path (`_direct`); Y overwritten, `scratch` (`fm_pad_size`) holds the
+    padded input, kept for `conv_pullback_fm`."""
+    G = geo[GR]
+    ccol = geo[CO]
+    Og = ccol // G
+    rows = taps.shape[0]
+    L = geo[OD] * geo[OH]
+    W2 = p[:ccol * rows].reshape((ccol, rows))
+    offs = taps[:, 7]
+    padded = fm_pad_size(geo, n) > 0
+    Ib = X
+    if padded:
+        Ib = scratch[:fm_pad_size(geo, n) // 2]
+        _fm_pad(geo, X, n, Ib, False)
+    Z = Y[:ccol * L * geo[OW] * n].reshape((ccol, L, geo[OW] * n))
+    zero = p.dtype.type(0.0)
+    for o in range(ccol):
+        b = p[ccol * rows + o] if has_bias else zero
+        z = Z[o].reshape(-1)
+        for j in range(z.shape[0]):
+            z[j] = b
+    for g in range(G):
+        Zg = Z[g * Og:(g + 1) * Og]
+        for l in range(L):
+            gemm_nn_rows((Zg, l), W2[g * Og:(g + 1) * Og], Ib, offs, _line_base(geo, g, l, n),
+                         n, True)
+
+
+@jit
+def conv_pullback_fm(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, n, scratch):
+    """`conv_forward_fm`'s pullback: gp += V^T dY/dp, Xbar = V^T dY/dX if `want_x`
+    (overwritten), all feature-major; the padded input as the forward left it in
+    `scratch`."""
+    G = geo[GR]
+    ccol = geo[CO]
+    Og = ccol // G
+    rows = taps.shape[0]
+    L = geo[OD] * geo[OH]
+    P = L * geo[OW] * n
+    W2 = p[:ccol * rows].reshape((ccol, rows))
+    gW = gp[:ccol * rows].reshape((ccol, rows))
+    offs = taps[:, 7]
+    zero = p.dtype.type(0.0)
+    Z = V[:ccol * P].reshape((ccol, L, geo[OW] * n))
+    if has_bias:
+        for o in range(ccol):
+            s = zero
+            for j in range(o * P, (o + 1) * P):
+                s += V[j]
+            gp[ccol * rows + o] += s
+    half = fm_pad_size(geo, n) // 2
+    Ib, Xb = X, Xbar
+    if half:
+        Ib, Xb = scratch[:half], scratch[half:2 * half]
+    if want_x:
+        for t in range(Xb.shape[0]):
+            Xb[t] = zero
+    for g in range(G):
+        Zg = Z[g * Og:(g + 1) * Og]
+        for l in range(L):
+            base = _line_base(geo, g, l, n)
+            gemm_nt_rows(gW[g * Og:(g + 1) * Og], (Zg, l), Ib, offs, base, n)
+            if want_x:
+                gemm_tn_rows(Xb, base, offs, n, W2[g * Og:(g + 1) * Og], (Zg, l), geo[KW])
+    if want_x and half:
+        _fm_pad(geo, Xbar, n, Xb, True)
 
 @jit
 def conv_forward(geo, taps, transposed, X, p, has_bias, Y, scratch):
@@ -823,4 +938,5 @@ def conv_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, sc
         _cols_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, scratch)
 
 
-__all__ = ["Conv", "ConvTranspose", "conv_forward", "conv_pullback", "scratch_size"]
+__all__ = ["Conv", "ConvTranspose", "conv_forward", "conv_pullback", "conv_forward_fm",
+           "conv_pullback_fm", "fm_pad_size", "scratch_size"]

@@ -1,4 +1,4 @@
-"""A lane's training step as one compiled call.
+"""A lane's training step as one compiled call, and an epoch of them as another.
 
 The per-layer path (`nets.layerwise`) calls each layer's kernels from Python: some
 forty calls a minibatch per lane, with Python (and, on two threads, the GIL) between
@@ -6,30 +6,50 @@ them. When every layer of a chain describes its kernels as data (`Layer.compiled
 `Kernels`) and its activations are builtins, `Program` lays the chain out in tables
 and `train_step` runs gather, forward, loss and pullback of one lane's block in a
 single nogil call: one compiled function for every such chain, with the chain as its
-data. Training LeNet5 in float32 on this project's AMD machine, 32 images a lane:
-63.8 -> 50.8 us an image on one thread, 47.9 -> 38.2 on two (medians of 5 alternating
-runs).
+data. `train_epoch` runs a whole epoch of minibatches in one call, the lanes of a step
+in a parallel loop, then the lane sum and the optimizer's update.
 
-The layer table's columns are `KIND` .. `TAPS`; the buffers are the lane's own
-(`nets.layerwise.Lane`), so both paths see the same memory. The small compiled pieces
-both paths use (`gather`, `loss_seed`, `multiply`) live here too.
+Layouts. The leading run of direct convolutions and max poolings (LeNet's first four
+layers) runs feature-major, samples innermost (`nets.conv.conv_forward_fm`,
+`nets.pool.pool_fm`): the layout the direct products compute in, so that no layer
+converts from or to rows; the first layer after the run reads its input as rows from
+the bridge. A relu before a max pooling in the run is applied after it (`Program.
+_relu_after_pool`). Training LeNet5 in float32 on this project's AMD VM, 32 images a
+lane, one thread, against the same step on rows (medians of 8 alternating runs; both
+with the paired windows of `nets.gemm.gemm_tn_rows`): 56.7 -> 42.6 us an image, and
+44.7 -> 35.9 with the relu moved in both.
+
+The layer table's columns are `KIND` .. `FM`; the buffers are the lane's own
+(`nets.layerwise.Lane`) but for the run's scratch, the bridge and a pooling's room for
+a moved relu's derivative, so both paths see the same memory. The small compiled pieces
+both paths use (`gather`, `loss_seed`, `multiply`, `add_lanes`, `penalty`) live here
+too.
 """
 
 import math
 
 import numpy as np
+from numba import prange
 from numba.typed import List
 
-from ._config import jit
-from .activations import _DEFAULT0, _DEFAULT1, activate_row_c
-from .conv import conv_forward, conv_pullback
-from .kernels import LOGITCE, SQUARED
+from ._config import jit, pjit
+from .activations import _DEFAULT0, _DEFAULT1, CODES, activate_row_c
+from .conv import (
+    _direct,
+    conv_forward,
+    conv_forward_fm,
+    conv_pullback,
+    conv_pullback_fm,
+    fm_pad_size,
+)
+from .kernels import LOGITCE, SQUARED, optimizer_step
 from .layers import CONV, DENSE, POOL
 from .linear import dense_forward, dense_pullback
-from .pool import _pool
+from .pool import _pool, fm_pool_ok, pool_fm
 
-KIND, ACT, IN, OUT, POFF, NPAR, TRANSPOSED, BIAS, NOUT, GEO, TAPS = range(11)
+KIND, ACT, IN, OUT, POFF, NPAR, TRANSPOSED, BIAS, NOUT, GEO, TAPS, FM = range(12)
 C0, C1, NORM = range(3)
+RELU = CODES["relu"]
 
 
 class Program:
@@ -45,7 +65,7 @@ class Program:
 
     def __init__(self, chain, lane, kernels):
         plan = chain._plan
-        self.table = np.zeros((len(plan), 11), np.int64)
+        self.table = np.zeros((len(plan), 12), np.int64)
         self.consts = np.zeros((len(plan), 3), np.float64)
         geos, ctaps, ptaps = [], [], []
         for l, (L, k) in enumerate(zip(plan, kernels)):
@@ -67,16 +87,76 @@ class Program:
         self.geos = _typed(geos)
         self.ctaps = _typed(ctaps)
         self.ptaps = _typed(ptaps)
-        self.outs = _typed(lane.out)
-        self.scratch = _typed(lane.scratch)
+        scratch = list(lane.scratch)
+        # The leading run of layers with feature-major kernels runs feature-major, with
+        # scratch of its own; the bridge holds its last output as rows for what follows.
+        rows = lane.rows
+        for l, k in enumerate(kernels):
+            if k.kind == CONV and _direct.py_func(k.geo, k.transposed):
+                scratch[l] = np.zeros(max(1, int(fm_pad_size.py_func(k.geo, rows))),
+                                      lane.x0.dtype)
+            elif k.kind == POOL and fm_pool_ok(k.geo):
+                scratch[l] = np.zeros(rows, lane.x0.dtype)
+            else:
+                break
+            self.table[l, FM] = 1
+        self.scratch = _typed(scratch)
+        self.outs = _typed(self._relu_after_pool(plan, list(lane.out), rows))
+        last = int(self.table[:, FM].sum()) - 1
+        self.bridge = np.zeros(rows * plan[last].out_size if last >= 0 else 1, lane.x0.dtype)
         self.lane = lane
+
+    def _relu_after_pool(self, plan, outs, rows):
+        """relu then max pooling is max pooling then relu, on a quarter of the values for
+        2 x 2 windows: the same outputs, and the same gradient (a window whose maximum is
+        not positive passes none either way, relu'(0) = 0). Moves such relus of the
+        feature-major run onto the pooling; returns the outputs' buffers (a pooling that
+        takes a relu needs room for its derivative)."""
+        t = self.table
+        for l in range(len(plan) - 1):
+            if (t[l, FM] and t[l + 1, FM] and t[l + 1, KIND] == POOL and t[l, ACT] == RELU
+                    and t[l + 1, ACT] < 0):
+                t[l + 1, ACT], t[l, ACT] = RELU, -1
+                outs[l + 1] = np.zeros(2 * rows * plan[l + 1].out_size, outs[l].dtype)
+        return outs
 
     def step(self, X2, T, rows, lo, hi, p, code, scale):
         """Loss (scaled) of samples rows[lo:hi]; the lane's gradient overwritten."""
         lane = self.lane
         return train_step(self.table, self.consts, self.geos, self.ctaps, self.ptaps,
-                          self.outs, self.scratch, lane.cot[0], lane.cot[1], lane.rows,
-                          X2, T, rows, lo, hi, lane.x0, lane.t0, p, lane.g, code, scale)
+                          self.outs, self.scratch, lane.cot[0], lane.cot[1], self.bridge,
+                          lane.rows, X2, T, rows, lo, hi, lane.x0, lane.t0, p, lane.g, code,
+                          scale)
+
+
+class Lanes:
+    """Every lane of a workspace (`nets.layerwise.LayerWorkspace`) for `train_epoch`, or
+    `None` from `Lanes.of` when a lane has no `Program`. The buffers are the lanes' own."""
+
+    @classmethod
+    def of(cls, chain, ws):
+        programs = [lane.program(chain) for lane in ws.lanes]
+        return None if any(q is None for q in programs) else cls(programs, ws)
+
+    def __init__(self, programs, ws):
+        q = programs[0]
+        self.net = (q.table, q.consts, q.geos, q.ctaps, q.ptaps)
+        lanes = ws.lanes
+        self.bufs = (List([q.outs for q in programs]), List([q.scratch for q in programs]),
+                     _typed([lane.cot[0] for lane in lanes]),
+                     _typed([lane.cot[1] for lane in lanes]),
+                     _typed([lane.x0 for lane in lanes]), _typed([lane.t0 for lane in lanes]),
+                     ws.G, ws.rows, _typed([q.bridge for q in programs]),
+                     np.zeros(len(lanes)))  # the lanes' losses of a step
+
+    def epoch(self, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g):
+        """`train_epoch` over the samples in `rows` order; the optimizer's step count
+        advanced. Returns the epoch's loss."""
+        total, optimizer.step = train_epoch(
+            self.net, self.bufs, X2, T, rows, batch, nt, (loss.code, loss.mean, loss.l1, loss.l2),
+            (optimizer.code, optimizer.hyper(), optimizer.m, optimizer.v), ranges, p, g,
+            optimizer.step)
+        return total
 
 
 @jit
@@ -130,6 +210,30 @@ def gather(src, rows, lo, hi, dst):
             d[j] = s[j]
 
 
+@jit
+def add_lanes(g, G, n):
+    """g = G[0] + G[1] + ... + G[n-1], in this order."""
+    for k in range(g.shape[0]):
+        g[k] = G[0, k]
+    for t in range(1, n):
+        for k in range(g.shape[0]):
+            g[k] += G[t, k]
+
+
+@jit
+def penalty(ranges, p, g, l1, l2):
+    """l1*|w|_1 + l2*|w|^2 over the weight ranges (offset, length); gradient added to g."""
+    total = 0.0
+    if l1 == 0.0 and l2 == 0.0:
+        return total
+    for r in range(ranges.shape[0]):
+        for k in range(ranges[r, 0], ranges[r, 0] + ranges[r, 1]):
+            w = p[k]
+            total += l1 * abs(w) + l2 * w * w
+            g[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
+    return total
+
+
 def _typed(arrays):
     out = List()
     for a in arrays:
@@ -138,54 +242,96 @@ def _typed(arrays):
 
 
 @jit
-def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, cap, X2, T,
-               rows, lo, hi, x0, t0, p, g, code, scale):
+def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, bridge, cap,
+               X2, T, rows, lo, hi, x0, t0, p, g, code, scale):
     """Gather rows[lo:hi] of X2 and T, run the layers forward (activations in place,
     derivatives kept), seed the loss's cotangent, pull it back through the layers:
     g = the gradient (overwritten). Returns scale * loss. `cap`: the lane's rows (where
-    each output's derivative starts)."""
+    each output's derivative starts).
+
+    Layers marked FM (a leading run of convolutions and poolings) hold their outputs
+    and cotangents feature-major (`nets.conv.conv_forward_fm`); `bridge` holds the last
+    such output as rows, the input of the layers after it."""
     n = hi - lo
     nl = table.shape[0]
     # Runtime values, not literals, for the kernels' flags and offsets: a literal
     # argument would compile a specialisation of the callee of its own (~30 s cold).
     no, yes, zero = n < 0, n >= 0, n - n
-    gather(X2, rows, lo, hi, x0)
+    x0f = x0.reshape(-1)
+    if table[0, FM]:
+        gather_fm(X2, rows, lo, hi, x0f)
+    else:
+        gather(X2, rows, lo, hi, x0)
     gather(T, rows, lo, hi, t0)
     h = x0[:n]
     for l in range(nl):
         t = table[l]
-        S = t[OUT]
+        S, R = t[OUT], t[IN]
         y = outs[l][:n * S].reshape((n, S))
         pl = p[t[POFF]:t[POFF] + t[NPAR]]
-        if t[KIND] == CONV:
-            conv_forward(geos[t[GEO]], ctaps[t[TAPS]], t[TRANSPOSED] != 0, h, pl,
-                         t[BIAS] != 0, y, scratch[l])
-        elif t[KIND] == POOL:
-            _pool(geos[t[GEO]], consts[l, NORM], h, y, y, h, ptaps[t[TAPS]], no)
-        elif t[KIND] == DENSE:
-            dense_forward(h, pl, t[NOUT], t[BIAS] != 0, y, scratch[l])
+        if t[FM]:
+            yf = outs[l][:n * S]
+            xf = x0f[:n * R] if l == 0 else outs[l - 1][:n * R]
+            if t[KIND] == CONV:
+                conv_forward_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0, yf, n,
+                                scratch[l])
+            else:
+                pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, yf, yf, xf, scratch[l], n, no)
         else:
-            y[:, :] = h
+            if l > 0 and table[l - 1, FM]:
+                h = bridge[:n * R].reshape((n, R))
+                transpose(outs[l - 1], R, n, bridge)
+            if t[KIND] == CONV:
+                conv_forward(geos[t[GEO]], ctaps[t[TAPS]], t[TRANSPOSED] != 0, h, pl,
+                             t[BIAS] != 0, y, scratch[l])
+            elif t[KIND] == POOL:
+                _pool(geos[t[GEO]], consts[l, NORM], h, y, y, h, ptaps[t[TAPS]], no)
+            elif t[KIND] == DENSE:
+                dense_forward(h, pl, t[NOUT], t[BIAS] != 0, y, scratch[l])
+            else:
+                y[:, :] = h
         if t[ACT] >= 0:
             activate_row_c(t[ACT], consts[l, C0], consts[l, C1], outs[l], zero, cap * S, n * S,
                            yes)
         h = y
     top = table[nl - 1, OUT]
+    if table[nl - 1, FM]:
+        h = bridge[:n * top].reshape((n, top))
+        transpose(outs[nl - 1], top, n, bridge)
     val = loss_seed(code, h, t0[:n], cot_a[:n * top].reshape((n, top)), scale)
     g[:] = 0.0
     a, b = cot_a, cot_b
+    if table[nl - 1, FM]:
+        transpose(a, n, top, b)
+        a, b = b, a
     for l in range(nl - 1, -1, -1):
         t = table[l]
         S, R = t[OUT], t[IN]
         if t[ACT] >= 0:
             multiply(a, outs[l][cap * S:], n * S)
-        ybar = a[:n * S].reshape((n, S))
-        x = x0[:n] if l == 0 else outs[l - 1][:n * R].reshape((n, R))
-        y = outs[l][:n * S].reshape((n, S))
-        xbar = b[:n * R].reshape((n, R))
         want_x = l > 0
         pl = p[t[POFF]:t[POFF] + t[NPAR]]
         gl = g[t[POFF]:t[POFF] + t[NPAR]]
+        if t[FM]:
+            xf = x0f[:n * R] if l == 0 else outs[l - 1][:n * R]
+            if t[KIND] == CONV:
+                conv_pullback_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0,
+                                 a[:n * S], b[:n * R], want_x, gl, n, scratch[l])
+            elif want_x:
+                pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, outs[l][:n * S], a[:n * S],
+                        b[:n * R], scratch[l], n, yes)
+            a, b = b, a
+            continue
+        ybar = a[:n * S].reshape((n, S))
+        after_fm = l > 0 and table[l - 1, FM] != 0
+        if l == 0:
+            x = x0[:n]
+        elif after_fm:
+            x = bridge[:n * R].reshape((n, R))
+        else:
+            x = outs[l - 1][:n * R].reshape((n, R))
+        y = outs[l][:n * S].reshape((n, S))
+        xbar = b[:n * R].reshape((n, R))
         if t[KIND] == CONV:
             conv_pullback(geos[t[GEO]], ctaps[t[TAPS]], t[TRANSPOSED] != 0, x, pl,
                           t[BIAS] != 0, ybar, xbar, want_x, gl, scratch[l])
@@ -196,8 +342,86 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, c
             dense_pullback(x, pl, t[NOUT], t[BIAS] != 0, ybar, xbar, want_x, gl)
         elif want_x:
             xbar[:, :] = ybar
-        a, b = b, a
+        if after_fm:  # back to feature-major, in the buffer just read
+            transpose(b, n, R, a)
+        else:
+            a, b = b, a
     return val
 
 
-__all__ = ["Program", "train_step"]
+@jit
+def gather_fm(src, rows, lo, hi, dst):
+    """dst[f * n + i] = src[rows[lo + i], f], n = hi - lo: `gather` feature-major."""
+    n = hi - lo
+    for i0 in range(0, n, 8):  # eight samples at a time: their rows stay in L1
+        for f in range(src.shape[1]):
+            for i in range(i0, min(n, i0 + 8)):
+                dst[f * n + i] = src[rows[lo + i], f]
+
+
+@jit
+def transpose(src, r, c, dst):
+    """dst (c, r) = src (r, c), both flat."""
+    for i0 in range(0, c, 8):
+        for j in range(r):
+            for i in range(i0, min(c, i0 + 8)):
+                dst[i * r + j] = src[j * c + i]
+
+
+@jit
+def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g, step):
+    """Minibatches of `batch` samples in `rows` order, each a step of the optimizer: the
+    batch cut into contiguous blocks, one per lane, run in parallel (`train_step`), the
+    lanes' gradients added in lane order, then the penalty and the update, all in one
+    call. ``loss = (code, mean, l1, l2)``, ``optimizer = (code, hyper, m, v)`` as
+    `nets.kernels.optimizer_step` takes them. Returns (the epoch's loss, the step count).
+
+    Between steps numba's pool threads wait spinning: handing a step to a Python
+    thread pool and collecting it cost LeNet5 ~0.4 ms a step on this project's AMD VM."""
+    code, mean, l1, l2 = loss
+    opt, hyper, m, v = optimizer
+    table = net[0]
+    G, vals = bufs[6], bufs[9]
+    lanes = G.shape[0]
+    N = rows.shape[0]
+    nout = table[table.shape[0] - 1, OUT]
+    total = 0.0
+    for lo in range(0, N, batch):
+        hi = min(N, lo + batch)
+        nb = hi - lo
+        scale = 1.0 / (nb * (nout if code != LOGITCE else 1)) if mean else 1.0
+        # as `LayerWorkspace.blocks`
+        k = max(1, min(nt, lanes, nb))
+        per = max(-(-nb // k), -(-nb // lanes))
+        nblk = -(-nb // per)
+        if nblk == 1:
+            vals[0] = _lane_step(net, bufs, 0, X2, T, rows, lo, hi, p, code, scale)
+        else:
+            _lane_steps(net, bufs, X2, T, rows, lo, hi, per, nblk, p, code, scale, vals)
+        val = 0.0
+        for t in range(nblk):
+            val += vals[t]
+        add_lanes(g, G, nblk)
+        share = 1.0 if mean else nb / N
+        val += penalty(ranges, p, g, share * l1, share * l2)
+        step += 1
+        optimizer_step(opt, hyper, p, g, m, v, step)
+        total += val * (nb / N if mean else 1.0)
+    return total, step
+
+
+@jit
+def _lane_step(net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
+    table, consts, geos, ctaps, ptaps = net
+    outs, scratch, cot_a, cot_b, x0, t0, G, cap, bridge, _ = bufs
+    return train_step(table, consts, geos, ctaps, ptaps, outs[t], scratch[t], cot_a[t],
+                      cot_b[t], bridge[t], cap, X2, T, rows, lo, hi, x0[t], t0[t], p,
+                      G[t, :p.shape[0]], code, scale)
+
+
+@pjit
+def _lane_steps(net, bufs, X2, T, rows, lo, hi, per, nblk, p, code, scale, vals):
+    # Only the prange lives here (see `nets.kernels._loss_grad_blocks`).
+    for t in prange(nblk):
+        a = lo + t * per
+        vals[t] = _lane_step(net, bufs, t, X2, T, rows, a, min(a + per, hi), p, code, scale)

@@ -31,38 +31,10 @@ import numba
 import numpy as np
 
 from . import registry
-from ._config import jit
 from .activations import activate_row, activate_row_c
-from .lanestep import LOGITCE, Program, gather, loss_seed, multiply
+from .lanestep import LOGITCE, Lanes, Program, add_lanes, gather, loss_seed, multiply, penalty
 from .layers import Context
 from .rng import layer_key
-
-# ------------------------------------------------------------------ compiled helpers
-
-
-@jit
-def add_lanes(g, G, n):
-    """g = G[0] + G[1] + ... + G[n-1], in this order."""
-    for k in range(g.shape[0]):
-        g[k] = G[0, k]
-    for t in range(1, n):
-        for k in range(g.shape[0]):
-            g[k] += G[t, k]
-
-
-@jit
-def penalty(ranges, p, g, l1, l2):
-    """l1*|w|_1 + l2*|w|^2 over the weight ranges (offset, length); gradient added to g."""
-    total = 0.0
-    if l1 == 0.0 and l2 == 0.0:
-        return total
-    for r in range(ranges.shape[0]):
-        for k in range(ranges[r, 0], ranges[r, 0] + ranges[r, 1]):
-            w = p[k]
-            total += l1 * abs(w) + l2 * w * w
-            g[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
-    return total
-
 
 # ------------------------------------------------------------------------ workspace
 
@@ -334,37 +306,49 @@ def train_epochs(chain, p, X2, T, loss, optimizer, epochs, batch_size, seed, sta
                  callback, tick, out):
     """Minibatch training on the per-layer path (see `nets.train`): `epochs` passes over
     seeded shuffles; appends the per-epoch losses to `out` (1-element arrays, kept if
-    interrupted) and returns it."""
-    from . import kernels
-
+    interrupted) and returns it. When every layer has a compiled form, an epoch is one
+    compiled call (`nets.lanestep.train_epoch`); otherwise a step at a time from here."""
     N = X2.shape[0]
     nt = numba.get_num_threads()
     ws = LayerWorkspace(chain, batch_size, p.dtype, T.shape[1], nt)
     nt = threads_now(ws)
     g = np.zeros(chain.n_params, p.dtype)
     ranges = weight_ranges(chain)
-    hyper = optimizer.hyper()
     rng = np.random.default_rng(seed)
-    nsteps = -(-N // batch_size)
+    lanes = Lanes.of(chain, ws)
     for e in range(epochs):
         rows = rng.permutation(N).astype(np.int64)
-        total = 0.0
-        for s in range(nsteps):
-            lo = s * batch_size
-            hi = min(N, lo + batch_size)
-            nb = hi - lo
-            scale = _scale(loss, nb, chain.n_out)
-            val = _step(chain, ws, X2, T, rows, lo, hi, loss, scale, p, state, True, seed, g, nt)
-            share = 1.0 if loss.mean else nb / N
-            val += penalty(ranges, p, g, share * loss.l1, share * loss.l2)
-            optimizer.step += 1
-            kernels.optimizer_step(optimizer.code, hyper, p, g, optimizer.m, optimizer.v,
-                                   optimizer.step)
-            total += val * (nb / N if loss.mean else 1.0)
+        if lanes is not None:
+            total = lanes.epoch(X2, T, rows, batch_size, nt, loss, optimizer, ranges, p, g)
+        else:
+            total = _epoch(chain, ws, X2, T, rows, batch_size, loss, optimizer, ranges, p,
+                           state, seed, g, nt)
         out.append(np.array([total]))
         if tick(bar, 1, total, callback, e + 1, p):
             break
     return out
+
+
+def _epoch(chain, ws, X2, T, rows, batch_size, loss, optimizer, ranges, p, state, seed, g,
+           nt):
+    """`nets.lanestep.train_epoch`'s steps, each from Python (`_step`)."""
+    from . import kernels
+
+    N = X2.shape[0]
+    hyper = optimizer.hyper()
+    total = 0.0
+    for lo in range(0, N, batch_size):
+        hi = min(N, lo + batch_size)
+        nb = hi - lo
+        scale = _scale(loss, nb, chain.n_out)
+        val = _step(chain, ws, X2, T, rows, lo, hi, loss, scale, p, state, True, seed, g, nt)
+        share = 1.0 if loss.mean else nb / N
+        val += penalty(ranges, p, g, share * loss.l1, share * loss.l2)
+        optimizer.step += 1
+        kernels.optimizer_step(optimizer.code, hyper, p, g, optimizer.m, optimizer.v,
+                               optimizer.step)
+        total += val * (nb / N if loss.mean else 1.0)
+    return total
 
 
 def train_iters(chain, p, X2, T, loss, optimizer, iters, seed, state, bar, callback, tick,

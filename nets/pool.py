@@ -571,6 +571,85 @@ def _max_2x2(geo, X, Y, V, Xbar, backward):
                 j += one
 
 
+
+def fm_pool_ok(geo):
+    """Whether `pool_fm` serves this pooling: max pooling, not adaptive, no padding, every
+    window inside the input (no ceil-mode overhang)."""
+    inside = all((int(geo[o]) - 1) * int(geo[s]) + (int(geo[k]) - 1) * int(geo[d]) < int(geo[i])
+                 for o, s, k, d, i in ((OD, SD, KD, DD, ID), (OH, SH, KH, DH, IH),
+                                       (OW, SW, KW, DW, IW)))
+    return (int(geo[KIND]) == MAX and int(geo[ADAPT]) == 0 and int(geo[PD]) == 0
+            and int(geo[PH]) == 0 and int(geo[PW]) == 0 and inside)
+
+
+@jit
+def pool_fm(geo, taps, X, Y, V, Xbar, r, n, backward):
+    """Max pooling (`fm_pool_ok`) of n samples held feature-major (flat, samples
+    innermost, as `nets.conv.conv_forward_fm`): Y overwritten; with `backward`, Xbar = V
+    routed to each window's first maximum in scan order (overwritten; `r`, n elements,
+    holds what each sample has left to route). A window's taps are rows of n samples, so
+    the loops over samples vectorise; 2 x 2 windows that tile the input (LeNet's) take
+    one pass per window, others one per tap, overlapping windows adding up."""
+    nC = geo[C]
+    D, H, W = geo[ID], geo[IH], geo[IW]
+    oD, oH, oW = geo[OD], geo[OH], geo[OW]
+    T = taps.shape[0]
+    zero = X.dtype.type(0.0)
+    un = np.uint64(n)
+    tiled = _tiles_2x2(geo)
+    if backward and not tiled:
+        for j in range(nC * D * H * W * n):
+            Xbar[j] = zero
+    # Unsigned offsets: a signed index pays a wraparound check at each access.
+    t0, t1, t2, t3 = (np.uint64(taps[0]) * un, np.uint64(taps[1]) * un,
+                      np.uint64(taps[2]) * un, np.uint64(taps[3]) * un) if T == 4 else \
+        (un, un, un, un)
+    q = np.uint64(0)
+    for c in range(nC):
+        for od in range(oD):
+            for oh in range(oH):
+                for ow in range(oW):
+                    o = np.uint64(((c * D + od * geo[SD]) * H + oh * geo[SH]) * W
+                                  + ow * geo[SW]) * un
+                    if tiled and not backward:
+                        for i in range(un):
+                            Y[q + i] = max(max(X[o + t0 + i], X[o + t1 + i]),
+                                           max(X[o + t2 + i], X[o + t3 + i]))
+                    elif tiled:
+                        # each input position in one window: written once, no zeroing
+                        for i in range(un):
+                            m = Y[q + i]
+                            v = V[q + i]
+                            # selects only (no and/or: branches would stop the
+                            # vectorising); `v` what is left to route
+                            h = X[o + t0 + i] == m
+                            Xbar[o + t0 + i] = v if h else zero
+                            v = zero if h else v
+                            h = X[o + t1 + i] == m
+                            Xbar[o + t1 + i] = v if h else zero
+                            v = zero if h else v
+                            h = X[o + t2 + i] == m
+                            Xbar[o + t2 + i] = v if h else zero
+                            Xbar[o + t3 + i] = zero if h else v
+                    elif not backward:
+                        for i in range(un):
+                            Y[q + i] = X[o + np.uint64(taps[0]) * un + i]
+                        for t in range(1, T):
+                            ot = o + np.uint64(taps[t]) * un
+                            for i in range(un):
+                                Y[q + i] = max(Y[q + i], X[ot + i])
+                    else:
+                        for i in range(un):
+                            r[i] = V[q + i]
+                        for t in range(T):
+                            ot = o + np.uint64(taps[t]) * un
+                            for i in range(un):
+                                hit = X[ot + i] == Y[q + i]
+                                Xbar[ot + i] += r[i] if hit else zero
+                                r[i] = zero if hit else r[i]
+                    q += un
+
+
 @jit
 def _pool(geo, norm, X, Y, V, Xbar, taps, backward):
     if geo[KIND] == MAX and _tiles_2x2(geo):
@@ -606,4 +685,4 @@ def _taps(geo):
 
 
 __all__ = ["MaxPool", "AvgPool", "LPPool", "AdaptiveMaxPool", "AdaptiveAvgPool", "Flatten",
-           "pool_forward", "pool_pullback"]
+           "pool_forward", "pool_pullback", "pool_fm", "fm_pool_ok"]

@@ -19,6 +19,7 @@ from nets import (
     Flatten,
     LPPool,
     MaxPool,
+    lanestep,
     layerwise,
 )
 
@@ -26,6 +27,15 @@ CHAINS = {
     "lenet-like": lambda: Chain((1, 12, 12), Conv(3, (3, 3), "relu"), MaxPool((2, 2)),
                                 Conv(4, (3, 3), "tanh", padding=1), AvgPool((2, 2)), Flatten(),
                                 Dense(7, "elu(alpha=2.0)"), Dense(3)),
+    # feature-major to the end: groups, dilation, overlapping windows, stride along H
+    "feature-major throughout": lambda: Chain(
+        (2, 9, 9), Conv(4, (3, 3), "relu", dilation=(1, 2), groups=2),
+        MaxPool((3, 3), stride=2), Conv(3, (2, 2), "sigmoid", stride=(2, 1), padding=1),
+        MaxPool((2, 2))),
+    "1-d, bias-free": lambda: Chain((2, 16), Conv(3, (3,), "relu", bias=False), MaxPool((2,)),
+                                    Conv(2, (2,), padding=1), Flatten(), Dense(3)),
+    "3-d": lambda: Chain((1, 4, 5, 5), Conv(2, (2, 2, 2), "tanh", padding=(0, 1, 1)),
+                         MaxPool((1, 2, 2)), Flatten(), Dense(3)),
     "transposed, strided, LP, adaptive": lambda: Chain(
         (2, 5, 5), ConvTranspose(3, (2, 2), "softplus", stride=2), Conv(2, (3, 3), stride=(2, 1)),
         LPPool(2, (2, 2)), AdaptiveMaxPool((2, 2)), AdaptiveAvgPool((1, 1)), Flatten(),
@@ -53,7 +63,9 @@ def _both(chain, loss, targets, rng, n=9):
 @pytest.mark.parametrize("name", CHAINS)
 def test_compiled_step_is_the_per_layer_step(name, rng):
     chain = CHAINS[name]()
-    assert chain.workspace(2).lanes[0].program(chain) is not None
+    program = chain.workspace(2).lanes[0].program(chain)
+    # every chain here but the transposed one starts with a feature-major run
+    assert program.table[0, lanestep.FM] == (not name.startswith("transposed"))
     if chain.n_out == 3:
         loss, targets = nets.LogitCrossEntropyLoss(), lambda n: rng.integers(0, 3, (n, 1)) * 1.0
     else:
@@ -67,3 +79,23 @@ def test_compiled_step_is_the_per_layer_step(name, rng):
 def test_chains_without_a_compiled_form_keep_the_per_layer_path():
     chain = Chain((1, 6, 6), Conv(2, (3, 3)), Dropout(0.5), Flatten(), Dense(2))
     assert chain.workspace(2).lanes[0].program(chain) is None
+
+
+def test_compiled_epoch_is_the_stepwise_epoch(monkeypatch, rng):
+    # `train_epoch` (one call, lanes in a parallel loop) against the same steps from
+    # Python: the same sums in the same order, so the same parameters bit for bit
+    chain = CHAINS["lenet-like"]()
+    X = rng.normal(size=(37, *chain.in_shape))
+    y = rng.integers(0, 3, 37)
+    out = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(layerwise.Lanes, "of", classmethod(lambda cls, c, ws: None))
+        p = chain.init_params(seed=0)
+        hist = nets.train(chain, p, X, y, loss=nets.LogitCrossEntropyLoss(),
+                          optimizer=nets.Adam(1e-2), epochs=2, batch_size=8, threads=2,
+                          seed=1)
+        out.append((hist, p))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+    assert not np.array_equal(out[0][1], chain.init_params(seed=0))
