@@ -804,7 +804,6 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
             _unpad_block(geo, Xb, n0, m, Xbar)
 
 
-
 # -------------------------------------------------------- samples innermost
 #
 # The lane step (`nets.lanestep`) keeps a run of direct convolutions and poolings in the
@@ -860,10 +859,10 @@ def conv_forward_fm(geo, taps, X, p, has_bias, Y, n, scratch):
     L = geo[OD] * geo[OH]
     W2 = p[:ccol * rows].reshape((ccol, rows))
     offs = taps[:, 7]
-    padded = fm_pad_size(geo, n) > 0
+    half = fm_pad_size(geo, n) // 2
     Ib = X
-    if padded:
-        Ib = scratch[:fm_pad_size(geo, n) // 2]
+    if half:
+        Ib = scratch[:half]
         _fm_pad(geo, X, n, Ib, False)
     Z = Y[:ccol * L * geo[OW] * n].reshape((ccol, L, geo[OW] * n))
     zero = p.dtype.type(0.0)
@@ -917,6 +916,7 @@ def conv_pullback_fm(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, n, scratch)
                 gemm_tn_rows(Xb, base, offs, n, W2[g * Og:(g + 1) * Og], (Zg, l), geo[KW])
     if want_x and half:
         _fm_pad(geo, Xbar, n, Xb, True)
+
 
 @jit
 def conv_forward(geo, taps, transposed, X, p, has_bias, Y, scratch):

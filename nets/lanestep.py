@@ -139,8 +139,8 @@ class Lanes:
         return None if any(q is None for q in programs) else cls(programs, ws)
 
     def __init__(self, programs, ws):
-        q = programs[0]
-        self.net = (q.table, q.consts, q.geos, q.ctaps, q.ptaps)
+        first = programs[0]  # the tables are the same in every lane
+        self.net = (first.table, first.consts, first.geos, first.ctaps, first.ptaps)
         lanes = ws.lanes
         self.bufs = (List([q.outs for q in programs]), List([q.scratch for q in programs]),
                      _typed([lane.cot[0] for lane in lanes]),

@@ -571,15 +571,14 @@ def _max_2x2(geo, X, Y, V, Xbar, backward):
                 j += one
 
 
-
 def fm_pool_ok(geo):
     """Whether `pool_fm` serves this pooling: max pooling, not adaptive, no padding, every
     window inside the input (no ceil-mode overhang)."""
-    inside = all((int(geo[o]) - 1) * int(geo[s]) + (int(geo[k]) - 1) * int(geo[d]) < int(geo[i])
+    g = [int(v) for v in geo]
+    inside = all((g[o] - 1) * g[s] + (g[k] - 1) * g[d] < g[i]
                  for o, s, k, d, i in ((OD, SD, KD, DD, ID), (OH, SH, KH, DH, IH),
                                        (OW, SW, KW, DW, IW)))
-    return (int(geo[KIND]) == MAX and int(geo[ADAPT]) == 0 and int(geo[PD]) == 0
-            and int(geo[PH]) == 0 and int(geo[PW]) == 0 and inside)
+    return g[KIND] == MAX and g[ADAPT] == 0 and g[PD] == g[PH] == g[PW] == 0 and inside
 
 
 @jit
