@@ -19,6 +19,7 @@ dispatcher (`with_activation`): one set of kernels, never a hand-copied twin.
 import math
 from pathlib import Path
 
+import numpy as np
 from numba import prange
 
 from ._config import jit as _jit
@@ -697,28 +698,32 @@ def optimizer_step(code, hyper, p, g, m, v, step):
     """One in-place update of p; `step` is the 1-based count after this update.
 
     hyper: Adam/AdamW (lr, beta1, beta2, eps, weight_decay); SGD (lr, momentum,
-    nesterov (0/1), weight_decay).
+    nesterov (0/1), weight_decay). The arithmetic is in p's dtype, as PyTorch's is: in
+    float64 a float32 update would not vectorise as wide (LeNet5's 44k parameters on
+    this project's AMD VM: 70 -> 17 us a step).
     """
-    lr = hyper[0]
+    f = p.dtype.type
+    lr = f(hyper[0])
+    one = f(1.0)
     if code == SGD:
-        mom = hyper[1]
+        mom = f(hyper[1])
         nesterov = hyper[2] != 0.0
-        wd = hyper[3]
+        wd = f(hyper[3])
         for k in range(p.shape[0]):
             gk = g[k] + wd * p[k]
             m[k] = mom * m[k] + gk
             p[k] -= lr * (gk + mom * m[k] if nesterov else m[k])
         return
-    b1, b2, eps, wd = hyper[1], hyper[2], hyper[3], hyper[4]
-    c1 = 1.0 / (1.0 - b1**step)
-    c2 = 1.0 / (1.0 - b2**step)
+    b1, b2, eps, wd = f(hyper[1]), f(hyper[2]), f(hyper[3]), f(hyper[4])
+    c1 = f(1.0 / (1.0 - hyper[1]**step))
+    c2 = f(1.0 / (1.0 - hyper[2]**step))
     for k in range(p.shape[0]):
         gk = g[k]
         if code == ADAMW:
             p[k] -= lr * wd * p[k]
-        m[k] = b1 * m[k] + (1 - b1) * gk
-        v[k] = b2 * v[k] + (1 - b2) * gk * gk
-        p[k] -= lr * (m[k] * c1) / (math.sqrt(v[k] * c2) + eps)
+        m[k] = b1 * m[k] + (one - b1) * gk
+        v[k] = b2 * v[k] + (one - b2) * gk * gk
+        p[k] -= lr * (m[k] * c1) / (np.sqrt(v[k] * c2) + eps)
 
 
 @jit

