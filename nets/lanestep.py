@@ -13,15 +13,15 @@ Layouts. The leading run of direct convolutions and max poolings (LeNet's first 
 layers) runs feature-major, samples innermost (`nets.conv.conv_forward_fm`,
 `nets.pool.pool_fm`): the layout the direct products compute in, so that no layer
 converts from or to rows; the first layer after the run reads its input as rows from
-the bridge. A relu before a max pooling in the run is applied after it (`Program.
-_relu_after_pool`). Training LeNet5 in float32 on this project's AMD VM, 32 images a
-lane, one thread, against the same step on rows (medians of 8 alternating runs; both
-with the paired windows of `nets.gemm.gemm_tn_rows`): 56.7 -> 42.6 us an image, and
-44.7 -> 35.9 with the relu moved in both.
+the bridge. A relu before a max pooling in the run becomes the pooling's clamp at zero
+(`Program._relu_into_pool`). Training LeNet5 in float32 on this project's AMD VM, 32
+images a lane, one thread, against the same step on rows (medians of 8 alternating
+runs; both with the paired windows of `nets.gemm.gemm_tn_rows`): 56.7 -> 42.6 us an
+image, and 44.7 -> 35.9 with the relu moved after the pooling in both.
 
-The layer table's columns are `KIND` .. `FM`; the buffers are the lane's own
-(`nets.layerwise.Lane`) but for the run's scratch, the bridge and a pooling's room for
-a moved relu's derivative, so both paths see the same memory. The small compiled pieces
+The layer table's columns are `KIND` .. `CLAMP`; the buffers are the lane's own
+(`nets.layerwise.Lane`) but for the run's scratch and the bridge, so both paths see the
+same memory. The small compiled pieces
 both paths use (`gather`, `loss_seed`, `multiply`, `add_lanes`, `penalty`) live here
 too.
 """
@@ -47,7 +47,7 @@ from .layers import CONV, DENSE, POOL
 from .linear import dense_forward, dense_pullback
 from .pool import _pool, fm_pool_ok, pool_fm
 
-KIND, ACT, IN, OUT, POFF, NPAR, TRANSPOSED, BIAS, NOUT, GEO, TAPS, FM = range(12)
+KIND, ACT, IN, OUT, POFF, NPAR, TRANSPOSED, BIAS, NOUT, GEO, TAPS, FM, CLAMP = range(13)
 C0, C1, NORM = range(3)
 RELU = CODES["relu"]
 
@@ -65,7 +65,7 @@ class Program:
 
     def __init__(self, chain, lane, kernels):
         plan = chain._plan
-        self.table = np.zeros((len(plan), 12), np.int64)
+        self.table = np.zeros((len(plan), 13), np.int64)
         self.consts = np.zeros((len(plan), 3), np.float64)
         geos, ctaps, ptaps = [], [], []
         for l, (L, k) in enumerate(zip(plan, kernels)):
@@ -101,24 +101,22 @@ class Program:
                 break
             self.table[l, FM] = 1
         self.scratch = _typed(scratch)
-        self.outs = _typed(self._relu_after_pool(plan, list(lane.out), rows))
+        self._relu_into_pool(plan)
+        self.outs = _typed(lane.out)
         last = int(self.table[:, FM].sum()) - 1
         self.bridge = np.zeros(rows * plan[last].out_size if last >= 0 else 1, lane.x0.dtype)
         self.lane = lane
 
-    def _relu_after_pool(self, plan, outs, rows):
-        """relu then max pooling is max pooling then relu, on a quarter of the values for
-        2 x 2 windows: the same outputs, and the same gradient (a window whose maximum is
-        not positive passes none either way, relu'(0) = 0). Moves such relus of the
-        feature-major run onto the pooling; returns the outputs' buffers (a pooling that
-        takes a relu needs room for its derivative)."""
+    def _relu_into_pool(self, plan):
+        """relu then max pooling is max pooling clamped at zero (`nets.pool.pool_fm`'s
+        `clamp`): the same outputs and gradient, with no pass over the larger input of
+        its own and no derivative to keep. Folds such relus of the feature-major run into
+        their pooling (column CLAMP)."""
         t = self.table
         for l in range(len(plan) - 1):
             if (t[l, FM] and t[l + 1, FM] and t[l + 1, KIND] == POOL and t[l, ACT] == RELU
                     and t[l + 1, ACT] < 0):
-                t[l + 1, ACT], t[l, ACT] = RELU, -1
-                outs[l + 1] = np.zeros(2 * rows * plan[l + 1].out_size, outs[l].dtype)
-        return outs
+                t[l + 1, CLAMP], t[l, ACT] = 1, -1
 
     def step(self, X2, T, rows, lo, hi, p, code, scale):
         """Loss (scaled) of samples rows[lo:hi]; the lane's gradient overwritten."""
@@ -276,7 +274,8 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
                 conv_forward_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0, yf, n,
                                 scratch[l])
             else:
-                pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, yf, yf, xf, scratch[l], n, no)
+                pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, yf, yf, xf, scratch[l], n, no,
+                        t[CLAMP] != 0)
         else:
             if l > 0 and table[l - 1, FM]:
                 h = bridge[:n * R].reshape((n, R))
@@ -319,7 +318,7 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
                                  a[:n * S], b[:n * R], want_x, gl, n, scratch[l])
             elif want_x:
                 pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, outs[l][:n * S], a[:n * S],
-                        b[:n * R], scratch[l], n, yes)
+                        b[:n * R], scratch[l], n, yes, t[CLAMP] != 0)
             a, b = b, a
             continue
         ybar = a[:n * S].reshape((n, S))

@@ -582,13 +582,17 @@ def fm_pool_ok(geo):
 
 
 @jit
-def pool_fm(geo, taps, X, Y, V, Xbar, r, n, backward):
+def pool_fm(geo, taps, X, Y, V, Xbar, r, n, backward, clamp):
     """Max pooling (`fm_pool_ok`) of n samples held feature-major (flat, samples
     innermost, as `nets.conv.conv_forward_fm`): Y overwritten; with `backward`, Xbar = V
     routed to each window's first maximum in scan order (overwritten; `r`, n elements,
     holds what each sample has left to route). A window's taps are rows of n samples, so
     the loops over samples vectorise; 2 x 2 windows that tile the input (LeNet's) take
-    one pass per window, others one per tap, overlapping windows adding up."""
+    one pass per window, others one per tap, overlapping windows adding up.
+
+    With `clamp`, Y = max(window, 0): relu then max pooling, which is the same function
+    with the same gradient (a window whose maximum is not positive passes none either
+    way, relu'(0) = 0), without a pass of its own over the input."""
     nC = geo[C]
     D, H, W = geo[ID], geo[IH], geo[IW]
     oD, oH, oW = geo[OD], geo[OH], geo[OW]
@@ -612,13 +616,14 @@ def pool_fm(geo, taps, X, Y, V, Xbar, r, n, backward):
                                   + ow * geo[SW]) * un
                     if tiled and not backward:
                         for i in range(un):
-                            Y[q + i] = max(max(X[o + t0 + i], X[o + t1 + i]),
-                                           max(X[o + t2 + i], X[o + t3 + i]))
+                            y = max(max(X[o + t0 + i], X[o + t1 + i]),
+                                    max(X[o + t2 + i], X[o + t3 + i]))
+                            Y[q + i] = max(y, zero) if clamp else y
                     elif tiled:
                         # each input position in one window: written once, no zeroing
                         for i in range(un):
                             m = Y[q + i]
-                            v = V[q + i]
+                            v = (V[q + i] if m > zero else zero) if clamp else V[q + i]
                             # selects only (no and/or: branches would stop the
                             # vectorising); `v` what is left to route
                             h = X[o + t0 + i] == m
@@ -637,9 +642,13 @@ def pool_fm(geo, taps, X, Y, V, Xbar, r, n, backward):
                             ot = o + np.uint64(taps[t]) * un
                             for i in range(un):
                                 Y[q + i] = max(Y[q + i], X[ot + i])
+                        if clamp:
+                            for i in range(un):
+                                Y[q + i] = max(Y[q + i], zero)
                     else:
                         for i in range(un):
-                            r[i] = V[q + i]
+                            v = V[q + i]
+                            r[i] = (v if Y[q + i] > zero else zero) if clamp else v
                         for t in range(T):
                             ot = o + np.uint64(taps[t]) * un
                             for i in range(un):

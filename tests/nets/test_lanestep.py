@@ -66,6 +66,10 @@ def test_compiled_step_is_the_per_layer_step(name, rng):
     program = chain.workspace(2).lanes[0].program(chain)
     # every chain here but the transposed one starts with a feature-major run
     assert program.table[0, lanestep.FM] == (not name.startswith("transposed"))
+    # a relu before a max pooling folded into it (tiled 2 x 2 windows, overlapping ones)
+    folded = name in ("lenet-like", "feature-major throughout", "1-d, bias-free")
+    assert program.table[1, lanestep.CLAMP] == folded
+    assert (program.table[0, lanestep.ACT] < 0) == folded
     if chain.n_out == 3:
         loss, targets = nets.LogitCrossEntropyLoss(), lambda n: rng.integers(0, 3, (n, 1)) * 1.0
     else:
