@@ -433,7 +433,9 @@ def _lane_step(net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
 
 @pjit
 def _lane_steps(net, bufs, X2, T, rows, lo, hi, per, nblk, p, code, scale, vals):
-    # Only the prange lives here (see `nets.kernels._loss_grad_blocks`).
-    for t in prange(nblk):
+    # Only the prange lives here (see `nets.kernels._loss_grad_blocks`). prange(0, n), not
+    # prange(n): the latter's index is unsigned, and indexing the typed lists with it
+    # warns of an unsafe cast to int64 on every cold compile.
+    for t in prange(0, nblk):
         a = lo + t * per
         vals[t] = _lane_step(net, bufs, t, X2, T, rows, a, min(a + per, hi), p, code, scale)
