@@ -681,10 +681,19 @@ def penalty(meta, p, g, l1, l2):
         return total
     for l in range(meta.shape[0]):
         woff = meta[l, WOFF]
-        for k in range(woff, woff + meta[l, IN] * meta[l, OUT]):
-            w = p[k]
-            total += l1 * abs(w) + l2 * w * w
-            g[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
+        total = penalize(p, g, woff, woff + meta[l, IN] * meta[l, OUT], l1, l2, total)
+    return total
+
+
+@jit
+def penalize(p, g, k0, k1, l1, l2, total):
+    """total + l1*|w| + l2*w^2 summed over w = p[k0:k1] in order; the gradient added to
+    g[k0:k1]. The penalties of Dense chains (`penalty`) and of layer chains
+    (`nets.lanestep.penalty`) both sum through it."""
+    for k in range(k0, k1):
+        w = p[k]
+        total += l1 * abs(w) + l2 * w * w
+        g[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
     return total
 
 
@@ -776,4 +785,4 @@ def with_activation(activate):
 
 __all__ = ["chunk_size", "forward", "vjp", "jacobian", "sample_size", "forward1", "vjp1",
            "jacobian1", "loss_grad", "train_steps",
-           "optimizer_step", "penalty", "forward_layers", "backward_layers"]
+           "optimizer_step", "penalty", "penalize", "forward_layers", "backward_layers"]

@@ -42,7 +42,7 @@ from .conv import (
     conv_pullback_fm,
     fm_pad_size,
 )
-from .kernels import LOGITCE, SQUARED, optimizer_step
+from .kernels import LOGITCE, SQUARED, optimizer_step, penalize
 from .layers import CONV, DENSE, POOL
 from .linear import dense_forward, dense_pullback
 from .pool import _pool, fm_pool_ok, pool_fm
@@ -225,10 +225,7 @@ def penalty(ranges, p, g, l1, l2):
     if l1 == 0.0 and l2 == 0.0:
         return total
     for r in range(ranges.shape[0]):
-        for k in range(ranges[r, 0], ranges[r, 0] + ranges[r, 1]):
-            w = p[k]
-            total += l1 * abs(w) + l2 * w * w
-            g[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
+        total = penalize(p, g, ranges[r, 0], ranges[r, 0] + ranges[r, 1], l1, l2, total)
     return total
 
 
