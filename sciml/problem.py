@@ -129,6 +129,34 @@ def dose_arrays(doses, states, tstops=()):
                       i64(ii, oi), f64(ir, oi), stops)
 
 
+def _dose_text(d):
+    """A dose as an error message names it: kind, time, state, and its repetition."""
+    if isinstance(d, Bolus):
+        what = f"Bolus at t={d.time!r}"
+    else:
+        what = f"Infusion from t={d.start!r} for {d.duration!r}"
+    rep = f", every {d.every!r} x {d.count}" if d.count > 1 else ""
+    return f"{what}{rep} into {d.state!r}"
+
+
+def check_dose_times(doses, t0, who="ODEProblem"):
+    """A clear error for a dose the loops would never see: a bolus before ``t0`` (for a
+    repeated one, its first time decides), or an infusion over before ``t0`` (one still
+    running at t0 runs on from there: its earlier part is taken to be in u0)."""
+    for k, d in enumerate(doses):
+        if isinstance(d, Bolus) and d.time < t0:
+            why = ("starts before", "the doses before it would never be given") \
+                if d.count > 1 else ("is before", "it would never be given")
+            first = d.time
+        elif isinstance(d, Infusion) and d.start + d.duration <= t0:
+            why = "ends before", "it would never be given"
+            first = d.start
+        else:
+            continue
+        raise ValueError(f"{who}: doses[{k}] ({_dose_text(d)}) {why[0]} tspan[0] = {t0!r}; "
+                         f"{why[1]} (start tspan at or before {first!r}, or drop the dose)")
+
+
 def problem_list(prob, who, arg="prob", empty=""):
     """``(probs, many)`` from one `ODEProblem` or a list of them (``many``: a list was given);
     an empty list or a non-problem is a clear error from ``who`` naming ``arg``."""
@@ -188,6 +216,11 @@ class ODEProblem:
         # follow `doses` and `tstops`.
         model = self.model
         if name == "u0":
+            if getattr(value, "is_steady_state", False):  # sciml.SteadyState
+                for k, v in (("_u0_fn", value), ("_u0_trace", None), ("_u0_table", None),
+                             ("_u0", None), ("_plain", False)):
+                    object.__setattr__(self, k, v)
+                return
             if callable(value):
                 table, trace = model.initial_table(value)
                 object.__setattr__(self, "_u0_fn", value)
@@ -215,6 +248,8 @@ class ODEProblem:
                 raise ValueError(f"ODEProblem: `tspan` must satisfy t0 < tf (finite), got "
                                  f"{value!r}")
             value = (t0, tf)
+            if "dose_arrays" in self.__dict__:
+                check_dose_times(self.doses, t0)
         elif name == "doses":
             value = tuple(value)
         elif name == "tstops":
@@ -222,6 +257,7 @@ class ODEProblem:
         object.__setattr__(self, name, value)
         if name in ("doses", "tstops") and "doses" in self.__dict__ and "tstops" in self.__dict__:
             arrays = dose_arrays(self.doses, model.states, self.tstops)
+            check_dose_times(self.doses, self.tspan[0])
             object.__setattr__(self, "dose_arrays", arrays)
             # No doses, no tstops, u0 an array: `sciml.solve` may take its lean path.
             object.__setattr__(self, "_plain", arrays.tstops.size == 0 and self._u0_fn is None)
@@ -230,7 +266,7 @@ class ODEProblem:
         """The kernel table the compiled loops read for this problem: the model's, with the
         initial-value kernels when u0 is a function (see `sciml.Model.kernel_table`)."""
         table = self.model.kernel_table(*needs)
-        if self._u0_fn is None:
+        if self._u0_fn is None or self._u0_table is None:
             return table
         init = self._u0_table
         out = table.copy()
@@ -241,6 +277,8 @@ class ODEProblem:
         """A new array holding the initial state for the flat parameters ``params``."""
         if self._u0_fn is None:
             return self._u0.copy()
+        if self._u0_table is None:  # a steady state
+            return self._u0_fn.result(self, np.asarray(params, dtype=np.float64)).u.copy()
         table = self.kernel_table()
         z = np.empty(self.model.n_states)
         call(table, "init", (z, z, params), 0.0, self.model.workspace())
@@ -249,12 +287,25 @@ class ODEProblem:
     def initial_vjp(self, params, u0bar):
         """``u0bar^T du0/dp`` (n_params,): zeros when u0 is an array."""
         pbar = np.zeros(self.model.n_params)
+        if self._u0_fn is not None and self._u0_table is None:  # a steady state
+            return self._u0_fn.initial_vjp(self, np.asarray(params, dtype=np.float64),
+                                           np.asarray(u0bar, dtype=np.float64))
         if self._u0_fn is not None:
             scratch = np.zeros(self.model.n_states)
             call(self.kernel_table(), "init_vjp", (scratch, pbar, np.ascontiguousarray(u0bar),
                                                    scratch.copy(), params), 0.0,
                  self.model.workspace())
         return pbar
+
+    def initial_jacobian(self, params):
+        """``du0/dp`` (n_states, n_params): zeros when u0 is an array."""
+        n, npar = self.model.n_states, self.model.n_params
+        if self._u0_fn is None:
+            return np.zeros((n, npar))
+        if self._u0_table is None:
+            return self._u0_fn.initial_jacobian(self, np.asarray(params, dtype=np.float64))
+        return np.stack([self.initial_vjp(params, e) for e in np.eye(n)]) if n else \
+            np.zeros((0, npar))
 
     def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None):
         """A copy with some fields replaced (the model is shared)."""

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..problem import Bolus, Infusion, ODEProblem
+from ..problem import Bolus, Infusion, ODEProblem, check_dose_times
 from .observations import Data
 
 __all__ = ["Subject", "read_events"]
@@ -771,7 +771,11 @@ def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, r
                              "give `tspan` to say how long to simulate")
     else:
         span = tspan
-    prob = ODEProblem(model, x0, span, theta, doses=doses)
+    prob = ODEProblem(model, x0, span, theta)
+    # the default span starts at the subject's first record, so only a given one can miss
+    # a dose: say which subject
+    check_dose_times(doses, prob.tspan[0], who=f"read_events: {who}, `tspan` {prob.tspan}")
+    prob.doses = doses
     if data is not None:
         data.check_span(prob.tspan, where=f"read_events: {who}")
     return prob

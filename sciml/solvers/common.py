@@ -52,7 +52,8 @@ class Schedule:
 
 
 def schedule(prob):
-    """The `Schedule` of an `ODEProblem` (doses outside ``[t0, tf]`` are dropped).
+    """The `Schedule` of an `ODEProblem` (doses after ``tf`` are dropped; `ODEProblem` refuses
+    those before ``t0``).
 
     Dose times come from the same float arrays as the stops, so matching them
     by equality is exact: a bolus at ``t`` is applied on arrival at the stop

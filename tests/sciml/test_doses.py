@@ -126,8 +126,7 @@ def test_steps_land_on_every_stop():
 
 
 def test_doses_at_the_ends_and_outside():
-    doses = [Bolus(0.0, 5.0, "depot"), Bolus(10.0, 7.0, "central"),
-             Bolus(-1.0, 100.0, "depot"), Bolus(11.0, 100.0, "depot"),
+    doses = [Bolus(0.0, 5.0, "depot"), Bolus(10.0, 7.0, "central"), Bolus(11.0, 100.0, "depot"),
              Infusion(-2.0, 3.0, 4.0, "central"), Infusion(9.0, 5.0, 2.0, "central")]
     prob = pk_prob(doses, tspan=(0.0, 10.0))
     sol = solve(prob, Tsit5(), rtol=1e-10, atol=1e-10, saveat=[0.0, 10.0])
@@ -141,6 +140,35 @@ def test_doses_at_the_ends_and_outside():
     np.testing.assert_array_equal(sol.u[0], [5.0, 0.0])
     np.testing.assert_array_equal(sol(10.0), sol.u[1])
     assert sol.t_end == 10.0
+
+
+def test_a_dose_before_t0_is_refused():
+    # the loops start at t0: a dose before it would silently never be given
+    def refused(doses, *fragments, tspan=(0.0, 10.0)):
+        with pytest.raises(ValueError) as err:
+            pk_prob(doses, tspan=tspan)
+        for f in fragments:
+            assert f in str(err.value), str(err.value)
+
+    refused([Bolus(0.0, 5.0, "depot"), Bolus(5.0, 1.0, "central"), Bolus(-1.0, 100.0, "depot")],
+            "ODEProblem: doses[2] (Bolus at t=-1.0 into 'depot') is before tspan[0] = 0.0; "
+            "it would never be given")
+    # a repeated bolus: its first time decides, even when later repeats fall in the span
+    refused([Bolus(-12.0, 100.0, "depot", every=12.0, count=3)],
+            "doses[0] (Bolus at t=-12.0, every 12.0 x 3 into 'depot') starts before tspan[0] "
+            "= 0.0; the doses before it would never be given")
+    refused([Bolus(1.0, 100.0, "depot")], "is before tspan[0] = 2.0", tspan=(2.0, 10.0))
+    # an infusion over before t0 (one still running at t0 runs on: see above)
+    refused([Infusion(-3.0, 3.0, 4.0, "central")],
+            "doses[0] (Infusion from t=-3.0 for 3.0 into 'central') ends before tspan[0] = 0.0")
+    # a dose at t0 is given (right-continuous), and moving t0 past a dose is refused too
+    prob = pk_prob([Bolus(2.0, 100.0, "depot"), Infusion(-1.0, 5.0, 4.0, "central")],
+                   tspan=(2.0, 10.0))
+    with pytest.raises(ValueError, match=r"doses\[0\] \(Bolus at t=2.0 into 'depot'\) is before"):
+        prob.tspan = (3.0, 10.0)
+    assert prob.tspan == (2.0, 10.0)
+    with pytest.raises(ValueError, match="is before tspan"):
+        prob.remake(tspan=(2.5, 10.0))
 
 
 def test_adaptive_restart_after_bolus_is_cheap():

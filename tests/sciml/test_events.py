@@ -334,6 +334,8 @@ def test_bad_times():
                  DV=[".", ".", ".", ".", 0, 0.9, 0.7]),
            "subject 1 has all its records at time 0.0; give `tspan`")
     raises(table(), "observation times [4.0] lie outside", tspan=(0.0, 3.0))
+    raises(table(), "read_events: subject 1, `tspan` (0.5, 4.0): doses[0] (Bolus at t=0.0 into "
+           "'depot') is before tspan[0] = 0.5", tspan=(0.5, 4.0))
 
 
 def test_bad_doses():
