@@ -102,12 +102,6 @@ class ForwardSensitivity(SensitivityAlgorithm):
 
 
 def _initial_sensitivities(job, p):
-    """du0/dp (n, n_params) at ``p``: zeros for a fixed u0, else one reverse pass per state."""
-    n, npar = job.n, job.n_params
-    S0 = np.zeros((n, npar))
-    if job.prob.u0_function is not None:
-        for i in range(n):
-            e = np.zeros(n)
-            e[i] = 1.0
-            S0[i] = job.prob.initial_vjp(p, e)
-    return S0
+    """du0/dp (n, n_params) at ``p``: zeros for a fixed u0, else one reverse pass per state
+    (or the implicit function theorem for a steady state)."""
+    return job.prob.initial_jacobian(p)

@@ -20,6 +20,7 @@ from .solvers import Solver
 from .solvers.erk import BS3, DP5, RK4, Euler, ExplicitRK, Tsit5, Vern7
 from .solvers.rosenbrock import Rodas5
 from .solvers.tableaus import ButcherTableau
+from .steady import SteadyState, SteadyStateResult, steady_state
 
 __all__ = [
     "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "solve", "Solution",
@@ -28,4 +29,5 @@ __all__ = [
     "loss_and_grad", "loss_value", "Population",
     "fit", "FitResult", "FitWarning", "LBFGS",
     "fit_multistart", "MultistartResult", "StartFit",
+    "steady_state", "SteadyState", "SteadyStateResult",
 ]

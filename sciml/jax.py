@@ -351,6 +351,10 @@ def _problem_arrays(prob, ts):
 def _initial_key(prob):
     """What a compiled function depends on in a problem's initial values: None for an
     array (data of the batch), the traced function otherwise (compared by value)."""
+    if prob.u0_function is not None and prob._u0_trace is None:
+        raise ValueError("sciml.jax: a problem starting from sciml.SteadyState is not "
+                         "supported on the JAX backend; use sciml.solve / "
+                         "sciml.loss_and_grad")
     return None if prob.u0_function is None else prob._u0_trace
 
 
