@@ -12,6 +12,33 @@ solutions", IEEE HPEC 2021.) The methods differ in where u(t) comes from and
 how the integral is taken; each is a system of `adjoints.kernels.systems`
 integrated backward by the solver's own loop (explicit or Rosenbrock: with
 `Rodas5` the backward solve is stiff too, with its exact Jacobian).
+
+Error control of the backward solve. The loops control the error of the
+leading ``n_err`` components of the state (`Control.atol` has that length):
+lambda for `InterpolatingAdjoint` (z = [lambda, mu]), [u, lambda] for
+`BacksolveAdjoint` (z = [u, lambda, mu]); mu, the running parameter integral,
+is left out (``error_on_params=False``), as diffrax's ``adjoint_rms_seminorm``
+does (Kidger, Chen & Lyons, "Hey, that's not an ODE: faster ODE adjoints via
+seminorms", ICML 2021): it never feeds back, and held entry by entry to
+``atol + rtol |mu_j|`` it can cost far more steps than lambda needs. Measured
+on a FitzHugh-Nagumo UDE with a softplus network in place of the cubic term
+(`fhn_ude` in tests/adjoints/test_matrix.py: 101 parameters, v runs away to
+-1e8, rtol = atol = 1e-10, forward 447 steps), with mu in the norm:
+
+- InterpolatingAdjoint took ~374,000 accepted and ~202,000 rejected backward
+  steps (1.8 s; past the default step budget), all but ~2,100 of them for t
+  in [2, 6], where the network's softplus units switch on as v enters their
+  range: those entries of mu are exactly 0 before, then grow from ~1e-85 at a
+  rate set by |v| (hundreds), so their own tolerances ask for steps of ~1e-5,
+  while the gradient's entries are 6e13 to 5e17;
+- BacksolveAdjoint failed before its first step ("step size underflow"): at
+  tf mu = 0, so Hairer's starting-step estimate weighs mu's derivative (~1e15)
+  by atol alone and proposes a step too small to move t = -20 (the
+  interpolating adjoint starts from the forward's last step instead).
+
+Without mu in the norm they take 482 and 480 steps (2-3 ms), as `GaussAdjoint` (482,
+lambda only): not stiffness. mu is then integrated with lambda's steps by the
+method's own weights, here within 1e-11 of `GaussAdjoint`'s quadrature.
 """
 
 from dataclasses import replace
@@ -92,20 +119,28 @@ class InterpolatingAdjoint(_Stored):
         interval forward, with its steps, just before integrating back over
         it: memory bounded by the steps of one interval, for one extra forward solve.
     error_on_params : bool
-        Include mu (the parameter integral) in the backward error control
-        (default, as SciMLSensitivity does); False controls lambda only
-        (fewer steps, mu then as accurate as lambda's steps make it).
+        Include mu (the parameter integral) in the backward error control.
+        Default False: the error norm covers lambda only (a seminorm, as
+        diffrax's ``adjoint_rms_seminorm``; Kidger, Chen & Lyons, "Hey, that's
+        not an ODE", ICML 2021). mu never feeds back into lambda, so its steps
+        need not be controlled; controlled component by component, each
+        entry of the gradient is held to its own ``atol + rtol |mu_j|``, and an
+        entry that is tiny beside the others (a network unit switched off for
+        part of the span, its integrand growing from 0) makes the steps tiny:
+        see this module's notes. mu is then integrated with lambda's steps, as in
+        `GaussAdjoint`.
     rtol, atol : float, optional
         Tolerances of the backward solve (default: the forward solve's).
     """
 
-    def __init__(self, checkpointing=False, error_on_params=True, rtol=None, atol=None):
+    def __init__(self, checkpointing=False, error_on_params=False, rtol=None, atol=None):
         super().__init__(rtol, atol)
         self.checkpointing = bool(checkpointing)
         self.error_on_params = bool(error_on_params)
 
     def __repr__(self):
-        return f"InterpolatingAdjoint(checkpointing={self.checkpointing})"
+        extra = ", error_on_params=True" if self.error_on_params else ""
+        return f"InterpolatingAdjoint(checkpointing={self.checkpointing}{extra})"
 
     def forward(self, job):
         if not self.checkpointing:
@@ -157,16 +192,22 @@ class BacksolveAdjoint(SensitivityAlgorithm):
     ----------
     checkpointing : bool
         Reset the backward u to the forward solution at each observation time.
+    error_on_params : bool
+        Include mu in the backward error control (default False: the error norm
+        covers [u, lambda], diffrax's ``adjoint_rms_seminorm``; see
+        `InterpolatingAdjoint` and this module's notes).
     rtol, atol : float, optional
         Tolerances of the backward solve (default: the forward solve's).
     """
 
-    def __init__(self, checkpointing=True, rtol=None, atol=None):
+    def __init__(self, checkpointing=True, error_on_params=False, rtol=None, atol=None):
         super().__init__(rtol, atol)
         self.checkpointing = bool(checkpointing)
+        self.error_on_params = bool(error_on_params)
 
     def __repr__(self):
-        return f"BacksolveAdjoint(checkpointing={self.checkpointing})"
+        extra = ", error_on_params=True" if self.error_on_params else ""
+        return f"BacksolveAdjoint(checkpointing={self.checkpointing}{extra})"
 
     def needs(self, solver):
         return ("vjp", "jac", "hvp") if solver.stiff else ("vjp",)
@@ -189,7 +230,8 @@ class BacksolveAdjoint(SensitivityAlgorithm):
                         s.bolus_i[order].astype(np.int64), s.bolus_a[order].astype(np.float64))
         z = np.zeros(2 * n + npar)
         z[:n] = state.z_end
-        integrate_backward(job, self, sys, stops_b, z, 2 * n + npar)
+        integrate_backward(job, self, sys, stops_b, z, 2 * n + (npar if self.error_on_params
+                                                                 else 0))
         return z[2 * n:].copy(), z[n:2 * n].copy()
 
 

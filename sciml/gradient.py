@@ -162,7 +162,7 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     elif not isinstance(sensealg, adjoints.SensitivityAlgorithm) or not solver.adaptive \
             or sensealg.rtol is not None or sensealg.atol is not None:
         return None
-    elif t is adjoints.InterpolatingAdjoint and sensealg.error_on_params:
+    elif t is adjoints.InterpolatingAdjoint:
         method = 3 if sensealg.checkpointing else 1
     elif t is adjoints.GaussAdjoint:
         method = 2
@@ -190,7 +190,9 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     if method == 0:
         status, value = _lean_kernels.grad_discrete(kern, tab, ctl, *args)
     else:
-        n_err = model.n_states + model.n_params if method != 2 else model.n_states
+        n_err = model.n_states  # mu in the backward error norm only when asked
+        if method != 2 and sensealg.error_on_params:
+            n_err += model.n_params
         ctl_b = _control(solver, rtol, atol_vector(float(np.min(atol_v)), n_err), None,
                          max_steps + 200 * (obs_t.shape[0] + 2))
         if method == 1:

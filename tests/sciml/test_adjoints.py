@@ -117,6 +117,19 @@ def test_backsolve_without_checkpoints_drifts_but_converges():
     np.testing.assert_allclose(g, ref, rtol=1e-3)
 
 
+@pytest.mark.parametrize("cls", [adjoints.InterpolatingAdjoint, adjoints.BacksolveAdjoint])
+def test_mu_in_the_backward_error_norm_on_request(cls):
+    # The default norm leaves mu out (adjoints.continuous); error_on_params=True puts it
+    # back, on the lean path and the general one alike.
+    prob, data = _ude()
+    ref = sciml.loss_and_grad(prob, data, sensealg=METHODS["gauss"], rtol=1e-10, atol=1e-10)[1]
+    method = cls(error_on_params=True)
+    assert "error_on_params=True" in repr(method)
+    for kw in ({}, dict(threads=1)):
+        g = sciml.loss_and_grad(prob, data, sensealg=method, rtol=1e-10, atol=1e-10, **kw)[1]
+        np.testing.assert_allclose(g, ref, rtol=1e-6, atol=1e-8 * np.max(np.abs(ref)))
+
+
 def test_discrete_adjoint_is_exact_for_the_fixed_step_solution():
     # RK4 at a fixed step: the discrete adjoint is the derivative of exactly what the solver
     # computes, so it matches finite differences of the same fixed-step solution to rounding.
