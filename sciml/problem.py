@@ -308,13 +308,15 @@ class ODEProblem:
             np.zeros((0, npar))
 
     def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None):
-        """A copy with some fields replaced (the model is shared)."""
-        if u0 is None:
-            u0 = self._u0_fn if self._u0_fn is not None else self._u0
-        return ODEProblem(self.model, u0, self.tspan if tspan is None else tspan,
-                          self.params if params is None else params,
-                          self.doses if doses is None else doses,
-                          self.tstops if tstops is None else tstops)
+        """A copy with some fields replaced (the model, and initial values traced from a
+        function, are shared: nothing is traced again)."""
+        q = ODEProblem.__new__(ODEProblem)
+        q.__dict__.update(self.__dict__)
+        for name, v in (("u0", u0), ("tspan", tspan), ("params", params), ("doses", doses),
+                        ("tstops", tstops)):
+            if v is not None:
+                setattr(q, name, v)  # validated as in __init__
+        return q
 
     def __reduce__(self):
         # Rebuilt through __init__: the initial-value kernels are traced and compiled

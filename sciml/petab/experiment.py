@@ -19,7 +19,7 @@ class Outer:
     """One simulation's model parameters as functions of the estimated values and of the
     pre-initialization networks' outputs, with their Jacobians (sympy, lambdified)."""
 
-    def __init__(self, pp, eid, cids, changes, placeholders):
+    def __init__(self, pp, eid, cids, changes, placeholders, measured=()):
         self.pp = pp
         z = [symbol(p) for p in pp.scalar_est]
         self.pre = [n for n, nt in pp.nets.items() if nt.pre]
@@ -27,7 +27,7 @@ class Outer:
                       if m == n] for n in self.pre}
         self.o_index = {n: [pp._out_sym[s][1] for s in o_syms[n]] for n in self.pre}
         o_all = [s for n in self.pre for s in o_syms[n]]
-        res = Resolver(pp, eid, changes, placeholders, set(o_all))
+        res = Resolver(pp, eid, changes, placeholders, set(o_all), measured)
         theta_e = [res(symbol(p), f"model parameter {p!r}") for p in pp._mech]
         self.n_mech = len(theta_e)
         self.T = _lambdify(z + o_all, theta_e)
@@ -115,9 +115,9 @@ class Resolver:
     and the pre-initialization networks' outputs (PEtab's precedence: condition, then
     hybridization, then parameter table, then the SBML model)."""
 
-    def __init__(self, pp, eid, changes, placeholders, outputs):
+    def __init__(self, pp, eid, changes, placeholders, outputs, measured=()):
         self.pp, self.eid, self.changes = pp, eid, changes
-        self.ph, self.outputs = placeholders, outputs
+        self.ph, self.outputs, self.measured = placeholders, outputs, set(measured)
         self.cache = {}
 
     def __call__(self, expr, what):
@@ -142,7 +142,14 @@ class Resolver:
             v = self.ph[name]
             v = sympy.Float(float(v)) if _is_number(v) else deep(symbol(v))
         elif PLACEHOLDER.match(name):
-            v = sympy.nan  # a placeholder no measurement row of this simulation sets
+            oid = PLACEHOLDER.match(name).group(3)
+            if oid in self.measured:
+                raise PetabError(f"experiment {self.eid!r}: the measurements of {oid!r} give "
+                                 f"no value for its placeholder {name!r} (columns "
+                                 "observableParameters / noiseParameters)")
+            # the placeholder of an observable this simulation does not measure: its
+            # value is never read, but it must be a number for the solve
+            v = sympy.Float(1.0)
         elif name.startswith("u0_") and name[3:] in pp.states:
             st = name[3:]
             if st in self.changes:

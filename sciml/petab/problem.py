@@ -29,11 +29,13 @@ from ..gradient import loss_and_grad
 from ..model import Model
 from ..problem import ODEProblem
 from ..solve import solve
+from ..steady import steady_state
 from . import likelihood as lk
 from .errors import PetabError
 from .experiment import PLACEHOLDER, Outer
 from .sbml import TIME, read_sbml, symbol
 from .tables import number, parse_formula, read_table
+from .v1 import read_v1
 
 __all__ = ["PetabProblem", "load"]
 
@@ -67,9 +69,14 @@ class PetabProblem:
     ----------
     problem_yaml : str or path
     solver : sciml solver, optional
-        Default `sciml.Tsit5()`.
+        Default `sciml.Rodas5()` (stiff, as AMICI and PEtab.jl default to for SBML
+        models), or `sciml.Tsit5()` when networks sit in the right-hand side.
     sensealg : adjoints method, optional
-        Default ``adjoints.ForwardSensitivity()`` (see `DEFAULT_SENSEALG`).
+        Default ``adjoints.ForwardSensitivity()`` where networks sit in the right-hand side
+        (see `DEFAULT_SENSEALG`), else `adjoints.default_sensealg`'s choice for the model
+        and solver (`GaussAdjoint` with Rodas5 beyond 16 model parameters: forward
+        sensitivities cost n_states x n_params extra states, 40x the adjoint's time on
+        Alkan_SciSignal2018's 73 conditions).
     rtol, atol : float
         Tolerances of the solves (default 1e-8, 1e-10).
 
@@ -96,13 +103,22 @@ class PetabProblem:
         import adjoints
 
         from ..solvers.erk import Tsit5
+        from ..solvers.rosenbrock import Rodas5
 
         self.path = os.fspath(problem_yaml)
-        self.solver = solver if solver is not None else Tsit5()
-        self.sensealg = sensealg if sensealg is not None else adjoints.ForwardSensitivity()
+        self.solver = solver
+        self.sensealg = sensealg
         self.rtol, self.atol = float(rtol), float(atol)
         self._read()
         self._build_model()
+        if self.solver is None:
+            # SBML models are often stiff (AMICI and PEtab.jl default to stiff solvers);
+            # networks in the right-hand side are not, and an explicit method needs no
+            # second derivatives through them
+            self.solver = Tsit5() if self.model.nets else Rodas5()
+        if self.sensealg is None:
+            self.sensealg = adjoints.ForwardSensitivity() if self.model.nets else \
+                adjoints.default_sensealg(self.model, self.solver)
         self._build_simulations()
 
     # ================================================================== reading
@@ -116,9 +132,28 @@ class PetabProblem:
         with open(self.path) as f:
             cfg = yaml.safe_load(f)
         self.dir = os.path.dirname(os.path.abspath(self.path))
-        if str(cfg.get("format_version", "")).split(".")[0] != "2":
+        version = str(cfg.get("format_version", "")).split(".")[0]
+        if version == "1":
+            self._read_v1(cfg)
+        elif version == "2":
+            self._read_v2(cfg)
+        else:
             raise PetabError(f"{self.path}: format_version {cfg.get('format_version')!r}; "
-                             "PEtab v2 (2.0.0) problems are read")
+                             "PEtab v1 (1.0.0) and v2 (2.0.0) problems are read")
+        self._read_mapping()
+        self._read_parameters()
+
+    def _read_v1(self, cfg):
+        sbml_path, t = read_v1(self.path, cfg, self._file)
+        self.version = 1
+        self.sbml = read_sbml(sbml_path)
+        self.t_par, self.t_obs, self.t_meas = t["parameter"], t["observable"], t["measurement"]
+        self.t_cond, self.t_exp = t["condition"], t["experiment"]
+        self._condition_ids = t["condition_ids"]
+        self.t_map, self.t_hyb, self.nets, self.input_arrays = [], [], {}, {}
+
+    def _read_v2(self, cfg):
+        self.version = 2
 
         def files(key, required=True):
             out = cfg.get(key) or []
@@ -145,9 +180,9 @@ class PetabProblem:
             out = [read_table(p, required_cols, what) for p in files(key, required)]
             return out
 
-        self.t_par = tables("parameter_files", ["parameterId", "parameterScale", "lowerBound",
-                                                "upperBound", "nominalValue", "estimate"],
-                            "parameter")
+        # parameterScale is optional in current v2 drafts (default lin)
+        self.t_par = tables("parameter_files", ["parameterId", "lowerBound", "upperBound",
+                                                "nominalValue", "estimate"], "parameter")
         self.t_obs = tables("observable_files", ["observableId", "observableFormula",
                                                  "noiseFormula"], "observable")
         self.t_meas = tables("measurement_files", ["observableId", "experimentId", "time",
@@ -163,15 +198,16 @@ class PetabProblem:
         from nets import petab as npetab
 
         self.nets = {}
-        for name, spec in (sciml.get("neural_networks") or {}).items():
+        # the networks' section: `neural_nets` in current PEtab SciML files,
+        # `neural_networks` in earlier ones
+        specs = sciml.get("neural_nets") or sciml.get("neural_networks") or {}
+        for name, spec in specs.items():
             loc = self._file(spec["location"])
             if not os.path.isfile(loc):
                 raise PetabError(f"the network file {loc} of {name!r} does not exist (named "
                                  f"in {self.path})")
             self.nets[name] = _Net(name, npetab.load(loc), bool(spec.get("pre_initialization")))
         self._read_arrays(npetab, [self._file(p) for p in sciml.get("array_files") or []])
-        self._read_mapping()
-        self._read_parameters()
 
     def _read_arrays(self, npetab, paths):
         import h5py
@@ -462,7 +498,11 @@ class PetabProblem:
             chains[name] = ch
             self.nets[name].chain = ch
         self._mech = mech
-        sym_of = {**{symbol(s): ("u", s) for s in states}, **{symbol(p): ("p", p) for p in mech}}
+        # the model's names: SBML ids that are not plain Python names (`_Cyt__CCND`) mapped
+        py = _python_names(states + mech + obs_ids + sig_names)
+        self._py = py
+        sym_of = {**{symbol(s): ("u", py[s]) for s in states},
+                  **{symbol(p): ("p", py[p]) for p in mech}}
         net_in, order_nets = self._net_in, sorted(model_nets)
 
         def bind(u, p, t, nets, es):
@@ -487,26 +527,31 @@ class PetabProblem:
         observables = {}
         for k, name in enumerate(obs_ids + sig_names):
             e = (obs_e + sig_e)[k]
-            observables[name] = _observable(bind, e)
-        f.__name__ = os.path.splitext(os.path.basename(self.sbml.path))[0]
-        self.model = Model(f, states, mech, nets=chains or None, observables=observables)
+            observables[py[name]] = _observable(bind, e)
+        base = os.path.splitext(os.path.basename(self.sbml.path))[0]
+        f.__name__ = _python_names([base])[base]
+        self.model = Model(f, [py[s] for s in states], [py[p] for p in mech],
+                           nets=chains or None, observables=observables)
         self._sig_names = sig_names
-        u0_names = self._u0_names
+        u0_names = [py[n] for n in self._u0_names]
         self._u0_fn = lambda p: [getattr(p, n) for n in u0_names]
         self.states = states
 
     # ============================================================ simulations
 
     def _conditions(self):
-        cond = {}
+        cond = {c: {} for c in getattr(self, "_condition_ids", ())}
         for t in self.t_cond:
             for line, row in t.rows():
                 cid = t.require(line, row, "conditionId")
                 tid = t.require(line, row, "targetId")
                 val = parse_formula(t, line, "targetValue", t.require(line, row, "targetValue"))
                 self._check_symbols(val, t.where(line, "targetValue"))
-                if not self._known(tid) and tid not in self.states:
-                    raise PetabError(f"{t.where(line, 'targetId')}: unknown target {tid!r}")
+                if not (tid in self.params or tid in self.sbml.initial or tid in self.entity
+                        or tid in self.states or tid in self._mech):
+                    raise PetabError(f"{t.where(line, 'targetId')}: unknown target {tid!r} "
+                                     "(not an entity of the SBML model or the parameter "
+                                     "table)")
                 cond.setdefault(cid, {})[tid] = val
         exps = {}
         for t in self.t_exp:
@@ -549,18 +594,26 @@ class PetabProblem:
         self.sims = []
         for eid, rs in rows.items():
             periods = sorted(exps.get(eid, [(0.0, [], "")]), key=lambda p: p[0])
-            if len({p[0] for p in periods}) > 1:
-                raise PetabError(f"{periods[1][2]}: experiment {eid!r} has several periods; "
-                                 "only one period (conditions applied at the start) is "
-                                 "supported")
-            t0 = periods[0][0]
-            if not math.isfinite(t0):
-                raise PetabError(f"{periods[0][2]}: pre-equilibration (time -inf) is not "
-                                 "supported")
-            cids = [c for p in periods for c in p[1]]
+            pre = [p for p in periods if p[0] == -math.inf]
+            main = [p for p in periods if p[0] != -math.inf]
+            if not main:
+                raise PetabError(f"{periods[0][2]}: experiment {eid!r} has only a "
+                                 "pre-equilibration period (time -inf)")
+            if len({p[0] for p in main}) > 1:
+                raise PetabError(f"{main[1][2]}: experiment {eid!r} has several periods; "
+                                 "only one period after an optional pre-equilibration is "
+                                 "supported (parameter changes within a simulation are not "
+                                 "read yet)")
+            t0 = main[0][0]
+            cids = [c for p in main for c in p[1]]
             changes = {}
             for c in cids:
                 changes.update(cond.get(c, {}))
+            pre_changes = None
+            if pre:
+                pre_changes = {}
+                for c in (c for p in pre for c in p[1]):
+                    pre_changes.update(cond.get(c, {}))
             # placeholders: one simulation per distinct assignment of every observable's
             by_obs = {}
             for r in rs:
@@ -571,7 +624,55 @@ class PetabProblem:
             for g in range(n_groups):
                 mine = [r for r in rs if by_obs[r[1]].index((r[4], r[5])) == g]
                 if mine:
-                    self.sims.append(self._simulation(eid, cids, t0, changes, mine))
+                    sim = self._simulation(eid, cids, t0, changes, mine)
+                    if pre_changes is not None:
+                        sim["pre"] = self._preequilibration(eid, pre, pre_changes, changes)
+                    self.sims.append(sim)
+
+    def _preequilibration(self, eid, periods, pre_changes, changes):
+        """What a simulation needs to start from the steady state of its pre-equilibration:
+        that period's parameters (`Outer`), the problem that equilibrates, and the states
+        it hands on (those the main period's condition does not set again)."""
+        outer = Outer(self, eid, [c for p in periods for c in p[1]], pre_changes, {})
+        states = [i for i, s in enumerate(self.states) if s not in changes]
+        mech = {n: i for i, n in enumerate(self._mech)}
+        u0_idx = np.array([mech[self._u0_names[i]] for i in states], dtype=np.int64)
+        theta = outer.theta(*self._split_x(self.nominal))[0]
+        prob = ODEProblem(self.model, self._u0_fn, (0.0, 1.0), theta)
+        return dict(outer=outer, prob=prob, states=np.array(states, dtype=np.int64),
+                    u0_idx=u0_idx)
+
+    def _theta(self, sim, zv, W):
+        """A simulation's model parameters at the estimated values ``(zv, W)`` and the
+        tape of `_theta_vjp`: with a pre-equilibration, the initial values it hands on
+        are those of its steady state. None where that steady state is not found."""
+        theta, tape = sim["outer"].theta(zv, W)
+        pre = sim.get("pre")
+        if pre is None:
+            return theta, (tape, None)
+        th_pre, tape_pre = pre["outer"].theta(zv, W)
+        res = steady_state(pre["prob"], params=th_pre, solver=self.solver, rtol=self.rtol,
+                           atol=self.atol)
+        if not res.converged:
+            return None, None
+        theta = theta.copy()
+        theta[pre["u0_idx"]] = res.u[pre["states"]]
+        return theta, (tape, (res, th_pre, tape_pre))
+
+    def _theta_vjp(self, sim, g, tapes, gz, gW):
+        """Adds ``g^T d theta / d (z, W)`` (g over the model parameters) to gz and gW, through
+        the pre-equilibration's steady state (implicit function theorem)."""
+        tape, pre = tapes
+        if pre is not None:
+            res, th_pre, tape_pre = pre
+            sp = sim["pre"]
+            lam = np.zeros(self.model.n_states)
+            lam[sp["states"]] = g[sp["u0_idx"]]
+            g = g.copy()
+            g[sp["u0_idx"]] = 0.0
+            gp, gs = res.vjp(lam)
+            sp["outer"].vjp(gp + sp["prob"].initial_vjp(th_pre, gs), tape_pre, gz, gW)
+        sim["outer"].vjp(g, tape, gz, gW)
 
     def _simulation(self, eid, cids, t0, changes, rs):
         ph = {}
@@ -585,6 +686,7 @@ class PetabProblem:
                              f"start t = {t0}")
         names = list(self.observable_ids) + self._sig_names
         col = {n: i for i, n in enumerate(names)}
+        names = [self._py[n] for n in names]
         n_obs = len(self.observable_ids)
         row_t = np.searchsorted(times, [r[2] for r in rs])
         row_y = np.array([col[r[1]] for r in rs])
@@ -593,7 +695,7 @@ class PetabProblem:
             np.array([self._obs_rows[r[1]][0] for r in rs]),
             np.array([self._obs_rows[r[1]][1] for r in rs]))
         tf = times[-1] if times[-1] > t0 else t0 + 1.0
-        outer = Outer(self, eid, cids, changes, ph)
+        outer = Outer(self, eid, cids, changes, ph, {r[1] for r in rs})
         theta = outer.theta(*self._split_x(self.nominal))[0]
         prob = ODEProblem(self.model, self._u0_fn, (t0, tf), theta)
         return dict(experiment=eid, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer)
@@ -646,30 +748,33 @@ class PetabProblem:
             g[i] += d
         return v, g
 
-    def llh(self, x):
-        """The log-likelihood at `x` (PEtab's convention), priors included."""
-        return self.llh_and_grad(x, grad=False)
+    def llh(self, x, prior=True):
+        """The log-likelihood at `x` (PEtab's convention), with the log priors unless
+        ``prior=False`` (the likelihood alone, as AMICI's references give it)."""
+        return self.llh_and_grad(x, grad=False, prior=prior)
 
-    def llh_and_grad(self, x, grad=True):
+    def llh_and_grad(self, x, grad=True, prior=True):
         """``(llh, d llh / dx)`` at `x`: the gradient is exact up to the solver tolerance,
-        by the sensitivity method of the problem (`sensealg`)."""
+        by the sensitivity method of the problem (`sensealg`); `prior` as in `llh`."""
         zv, W = self._split_x(x)
         total = 0.0
         gz = np.zeros(len(zv))
         gW = {k: np.zeros_like(w) for k, w in W.items()}
         for sim in self.sims:
-            theta, tape = sim["outer"].theta(zv, W)
+            theta, tape = self._theta(sim, zv, W)
+            if theta is None:  # no steady state for its pre-equilibration
+                return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
             if grad:
                 v, g = loss_and_grad(sim["prob"], sim["data"], loss=_LOSS, solver=self.solver,
                                      sensealg=self.sensealg, rtol=self.rtol, atol=self.atol,
                                      params=theta)
                 if not math.isfinite(v):
                     return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
-                sim["outer"].vjp(g, tape, gz, gW)
+                self._theta_vjp(sim, g, tape, gz, gW)
             else:
                 v = self._value(sim, theta)
             total += v
-        pv, pg = self._prior(np.asarray(x, dtype=np.float64))
+        pv, pg = self._prior(np.asarray(x, dtype=np.float64)) if prior else (0.0, 0.0)
         if not grad:
             return -total + pv
         return -total + pv, -self._chain_back(np.asarray(x, float), gz, gW) + pg
@@ -694,8 +799,10 @@ class PetabProblem:
         zv, W = self._split_x(x)
         sim_values = np.full(len(self._meas), np.nan)
         for sim in self.sims:
-            theta, _ = sim["outer"].theta(zv, W)
-            Y = self._observe(sim, theta)
+            theta, _ = self._theta(sim, zv, W)
+            d = sim["data"]
+            Y = self._observe(sim, theta) if theta is not None else \
+                np.full((len(d.t), len(d.names)), np.nan)
             d = sim["data"]
             sim_values[sim["rows"]] = Y[d.row_t, d.row_y]
         keys = [c for c in self._meas_columns if c != "measurement"]
@@ -812,6 +919,24 @@ class _FitTask:
 
     def portable(self):
         return self
+
+
+def _python_names(ids):
+    """``{id: name}``: each id as itself where it is a plain Python name, else made one
+    (``_Cyt__CCND`` -> ``x_Cyt__CCND``), distinct from every other id."""
+    import keyword
+
+    taken, out = set(ids), {}
+    for i in ids:
+        if i.isidentifier() and not keyword.iskeyword(i) and not i.startswith("_"):
+            out[i] = i
+            continue
+        n = "x" + re.sub(r"\W", "_", i)
+        while n in taken or keyword.iskeyword(n):
+            n += "_"
+        taken.add(n)
+        out[i] = n
+    return out
 
 
 def _observable(bind, e):

@@ -21,15 +21,17 @@ __all__ = ["Table", "read_table", "parse_formula", "number"]
 class Table:
     """One TSV table: its rows as dicts of strings, and where each came from."""
 
-    def __init__(self, path, df):
+    def __init__(self, path, df, lines=None):
         self.path = path
         self.df = df
         self.columns = list(df.columns)
+        # the file's line of each row: a table derived from another (PEtab v1's wide
+        # condition table in long form) keeps pointing at the rows it came from
+        self.lines = list(range(2, len(df) + 2)) if lines is None else list(lines)
 
     def rows(self):
         """``(line, row)`` pairs: the file's line number and the row as a dict of str."""
-        for i, rec in enumerate(self.df.to_dict("records")):
-            yield i + 2, rec
+        yield from zip(self.lines, self.df.to_dict("records"))
 
     def where(self, line, column):
         return f"{self.path}, line {line}, column {column!r}"

@@ -1,0 +1,229 @@
+"""The Benchmark-Models-PEtab collection through `sciml.petab`, model by model.
+
+For each model: whether it loads (or the one-line refusal), the log-likelihood at
+the nominal parameters against a reference, the gradient against central finite
+differences (directional, along random unit directions, from a tighter solve),
+and the times of llh, of llh + gradient with forward sensitivities and with the
+adjoint (`GaussAdjoint`), and of the first llh + gradient (the load, the model's
+compile and the solves together, in this process).
+
+References: AMICI's values where it publishes one (`AMICI`, below: its
+tests/benchmark_models/benchmark_models.yaml, BSD-3-Clause, with its CI ceilings
+for simulation, forward and adjoint sensitivities); otherwise the collection's
+own ``simulatedData`` table, its llh computed by the `petab` library
+(``calculate_llh``), used only where its simulations agree with ours (where
+they do not, the table is not at the nominal parameters and is reported as
+such). The likelihood is compared without priors, as AMICI reports it.
+
+The collection is not vendored: clone Benchmarking-Initiative/Benchmark-Models-PEtab
+and pass its ``Benchmark-Models`` folder (or set BENCHMARK_MODELS_PETAB)::
+
+    python -m benchmarks.petab_collection --collection PATH [--models A B] [--json PATH]
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from ._harness import busy_note, machine_info
+
+#: llh and CI ceilings (s) of AMICI's benchmark tests (AMICI-dev/AMICI,
+#: tests/benchmark_models/benchmark_models.yaml at 5c524dd, BSD-3-Clause)
+AMICI = {
+    "Bachmann_MSB2011": (418.40573341425295, 0.05, 3.5, 5.0),
+    "Beer_MolBioSystems2014": (58622.9145631413, 0.05, 0.5, 8.5),
+    "Boehm_JProteomeRes2014": (-138.22199693517703, 0.005, 0.05, 0.05),
+    "Borghans_BiophysChem1997": (83.3237191357272, 0.005, 0.5, 0.2),
+    "Brannmark_JBC2010": (-141.889113770537, 0.005, 0.5, 0.5),
+    "Bruno_JExpBot2016": (46.688176988431806, 0.005, 0.05, 0.1),
+    "Chen_MSB2009": (-115700.1192629893, None, None, None),
+    "Crauste_CellSystems2017": (-190.96521897435176, 0.005, 0.05, 0.05),
+    "Elowitz_Nature2000": (63.20279991419332, 0.005, 0.11, 0.11),
+    "Fiedler_BMCSystBiol2016": (58.58390161681, 0.005, 0.05, 0.15),
+    "Fujita_SciSignal2010": (53.08377736998929, 0.01, 0.5, 1.0),
+    "Isensee_JCB2018": (-3949.375966548649, 0.1, 15.0, 20.0),
+    "Lucarelli_CellSystems2018": (-1681.6059879426584, 0.05, 2.5, 2.5),
+    "Schwen_PONE2014": (-943.9992988598723, 0.01, 0.5, 1.5),
+    "Sneyd_PNAS2002": (319.79177818768756, 0.005, 0.1, 0.5),
+    "Smith_BMCSystBiol2013": (-888198.436541014, 1.0, 50.0, 5.0),
+    "Weber_BMC2015": (-296.2017922646865, 0.005, 0.1, 0.1),
+    "Zheng_PNAS2012": (278.33353271001477, 0.005, 0.05, 0.05),
+}
+
+
+def problem_yaml(folder):
+    """The model's PEtab problem file (the collection's test variants left out)."""
+    ys = sorted(y for y in glob.glob(os.path.join(folder, "*.yaml"))
+                if "test" not in os.path.basename(y))
+    return ys[0] if ys else None
+
+
+def collection_reference(pp, folder):
+    """``(llh, max relative difference of the simulations)`` from the collection's
+    ``simulatedData`` table, or None when there is none."""
+    import pandas as pd
+    import petab.v1 as petab
+
+    files = glob.glob(os.path.join(folder, "simulatedData*.tsv")) + glob.glob(
+        os.path.join(folder, "simulations.tsv"))
+    if not files:
+        return None
+    ref = pd.read_csv(files[0], sep="\t")
+    ours = pp.simulate(pp.nominal)
+    if len(ref) != len(ours):
+        return None
+    a, b = ours["simulation"].to_numpy(), ref["simulation"].to_numpy()
+    diff = float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6 * np.max(np.abs(b)))))
+    problem = petab.Problem.from_yaml(problem_yaml(folder))
+    meas = problem.measurement_df.reset_index(drop=True)
+    sim = meas.copy()
+    sim = sim.rename(columns={"measurement": "simulation"})
+    sim["simulation"] = b
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        llh = petab.calculate_llh(meas, sim, problem.observable_df, problem.parameter_df)
+    return float(llh), diff
+
+
+def median_time(fn, repeat, budget=20.0):
+    ts = []
+    t_end = time.perf_counter() + budget
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+        if time.perf_counter() > t_end:
+            break
+    return float(np.median(ts))
+
+
+def fd_check(yaml, x, g, n_dirs, seed=0):
+    """Max relative error of ``g . v`` against central differences of a tighter solve
+    along `n_dirs` random unit directions."""
+    import sciml.petab
+
+    tight = sciml.petab.load(yaml, rtol=1e-11, atol=1e-13)
+    rng = np.random.default_rng(seed)
+    worst = 0.0
+    h = 1e-4
+    for _ in range(n_dirs):
+        v = rng.standard_normal(len(x))
+        v /= np.linalg.norm(v)
+        fd = (tight.llh(x + h * v, prior=False) - tight.llh(x - h * v, prior=False)) / (2 * h)
+        worst = max(worst, abs(float(g @ v) - fd) / max(abs(fd), 1e-2))
+    return worst
+
+
+def run_model(name, folder, quick):
+    import adjoints
+    import sciml.petab
+
+    row = {"model": name}
+    yaml = problem_yaml(folder)
+    if yaml is None:
+        row["refused"] = "no PEtab problem file"
+        return row
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pp = sciml.petab.load(yaml)
+    except Exception as e:  # a refusal is the result here
+        row["refused"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        return row
+    t_load = time.perf_counter() - t0
+    x = pp.nominal
+    v, g = pp.llh_and_grad(x, prior=False)
+    row["t_first"] = t_load + (time.perf_counter() - t0 - t_load)
+    row.update(n_params=len(x), n_states=pp.model.n_states, n_sims=len(pp.sims),
+               llh=float(v))
+    ref = AMICI.get(name)
+    if ref is not None:
+        row.update(ref=ref[0], ref_source="AMICI", t_amici=ref[1:])
+    else:
+        try:
+            cref = collection_reference(pp, folder)
+        except Exception as e:
+            cref = None
+            row["ref_note"] = f"collection reference failed: {type(e).__name__}: {e}"
+        if cref is not None:
+            row.update(ref=cref[0], ref_source="collection", ref_sim_diff=cref[1])
+    if "ref" in row:
+        row["llh_err"] = abs(row["llh"] - row["ref"])
+    rep = 1 if quick else 5
+    row["sensealg"] = type(pp.sensealg).__name__
+    row["t_llh"] = median_time(lambda: pp.llh(x, prior=False), rep)
+    row["t_grad"] = median_time(lambda: pp.llh_and_grad(x, prior=False), rep)
+    default = pp.sensealg
+    for key, method in (("fwd", adjoints.ForwardSensitivity()), ("adj", adjoints.GaussAdjoint())):
+        if type(method) is type(default):
+            row[f"t_{key}"] = row["t_grad"]
+            continue
+        try:
+            pp.sensealg = method
+            _, gm = pp.llh_and_grad(x, prior=False)
+            row[f"t_{key}"] = median_time(lambda: pp.llh_and_grad(x, prior=False), rep)
+            row[f"{key}_vs_default"] = float(np.linalg.norm(gm - g) /
+                                             max(np.linalg.norm(g), 1e-12))
+        except Exception as e:
+            row[f"{key}_error"] = f"{type(e).__name__}: {e}"
+        finally:
+            pp.sensealg = default
+    # the gradient check away from the nominal values, which are often an optimum
+    # (a gradient near zero has no relative accuracy to check)
+    rng = np.random.default_rng(1)
+    x1 = x + 0.05 * rng.standard_normal(len(x))
+    _, g1 = pp.llh_and_grad(x1, prior=False)
+    if np.all(np.isfinite(g1)):
+        row["grad_fd"] = fd_check(yaml, x1, g1, 2 if quick else 4)
+    return row
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--collection", default=os.environ.get("BENCHMARK_MODELS_PETAB", ""))
+    ap.add_argument("--models", nargs="*")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    if not a.collection or not os.path.isdir(a.collection):
+        sys.exit("petab_collection: pass --collection PATH (the Benchmark-Models folder of "
+                 "Benchmarking-Initiative/Benchmark-Models-PEtab) or set BENCHMARK_MODELS_PETAB")
+    names = a.models or sorted(d for d in os.listdir(a.collection)
+                               if os.path.isdir(os.path.join(a.collection, d)))
+    machine = machine_info(1)
+    print(machine, busy_note())
+    rows = []
+    for name in names:
+        row = run_model(name, os.path.join(a.collection, name), a.quick)
+        rows.append(row)
+        print(_line(row), flush=True)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"machine": machine, "rows": rows}, f, indent=1, default=str)
+    ok = [r for r in rows if "llh" in r]
+    good = [r for r in ok if r.get("llh_err", np.inf) <= 1e-3]
+    print(f"\n{len(ok)} of {len(rows)} load; {len(good)} reproduce their reference llh to 1e-3")
+
+
+def _line(r):
+    if "refused" in r:
+        return f"{r['model']:38s} refused: {r['refused'][:150]}"
+    ref = (f"ref {r['ref']:.6f} ({r['ref_source']}) err {r['llh_err']:.1e}" if "ref" in r
+           else "no reference")
+    am = r.get("t_amici")
+    ceil = f" AMICI ceilings fwd {am[1]} adj {am[2]}" if am and am[1] is not None else ""
+    return (f"{r['model']:38s} llh {r['llh']:.6f} {ref} | fd {r.get('grad_fd', np.nan):.1e}"
+            f" | llh {r['t_llh']:.3f}s fwd {r.get('t_fwd', np.nan):.3f}s"
+            f" adj {r.get('t_adj', np.nan):.3f}s"
+            f" first {r['t_first']:.1f}s{ceil}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""sciml.petab on PEtab v1 problems (the Benchmark-Models collection's format): two models
+of the collection against AMICI's published log-likelihoods, gradients against central
+finite differences (through a pre-equilibration's steady state too), SBML ids that are not
+Python names, placeholders of observables a simulation does not measure, and the errors.
+"""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+pytest.importorskip("libsbml")
+petab = pytest.importorskip("petab")
+pd = pytest.importorskip("pandas")
+
+import sciml.petab  # noqa: E402
+from sciml.petab import PetabError  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "data", "benchmark_models")
+BOEHM = os.path.join(ROOT, "Boehm_JProteomeRes2014", "Boehm_JProteomeRes2014.yaml")
+ZHENG = os.path.join(ROOT, "Zheng_PNAS2012", "Zheng_PNAS2012.yaml")
+#: AMICI-dev/AMICI tests/benchmark_models/benchmark_models.yaml (BSD-3-Clause)
+AMICI_LLH = {BOEHM: -138.22199693517703, ZHENG: 278.33353271001477}
+
+
+def _fd_check(yaml, x, g, n_dirs=2):
+    tight = sciml.petab.load(yaml, rtol=1e-11, atol=1e-13)
+    rng = np.random.default_rng(0)
+    for _ in range(n_dirs):
+        v = rng.standard_normal(len(x))
+        v /= np.linalg.norm(v)
+        h = 1e-4
+        fd = (tight.llh(x + h * v) - tight.llh(x - h * v)) / (2 * h)
+        assert g @ v == pytest.approx(fd, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("yaml", [BOEHM, ZHENG], ids=["Boehm", "Zheng_preequilibration"])
+def test_reproduces_amici_and_its_gradient(yaml):
+    pp = sciml.petab.load(yaml)
+    assert pp.version == 1 and pp.solver.name == "Rodas5"  # stiff by default for SBML
+    assert pp.llh(pp.nominal) == pytest.approx(AMICI_LLH[yaml], abs=1e-4)
+    x = pp.nominal + 0.05 * np.random.default_rng(1).standard_normal(len(pp.nominal))
+    _, g = pp.llh_and_grad(x)
+    _fd_check(yaml, x, g)
+
+
+def _copy(tmp_path, src=BOEHM):
+    d = tmp_path / "p"
+    shutil.copytree(os.path.dirname(src), d)
+    return d, str(d / os.path.basename(src))
+
+
+def _edit(path, old, new):
+    with open(path) as f:
+        text = f.read()
+    assert old in text
+    with open(path, "w") as f:
+        f.write(text.replace(old, new))
+
+
+def test_sbml_ids_that_are_not_python_names(tmp_path):
+    d, yaml = _copy(tmp_path)
+    for f in os.listdir(d):  # a species and a parameter with leading underscores
+        if f.endswith((".xml", ".tsv")):
+            text = (d / f).read_text()
+            (d / f).write_text(text.replace("STAT5A", "_STAT5A").replace(
+                "k_phos", "_k_phos"))
+    pp = sciml.petab.load(yaml)
+    assert "_k_phos" in pp.parameter_names
+    assert pp.llh(pp.nominal) == pytest.approx(AMICI_LLH[BOEHM], abs=1e-4)
+
+
+def test_placeholders_of_an_unmeasured_observable(tmp_path):
+    d, yaml = _copy(tmp_path)
+    meas = next(f for f in os.listdir(d) if f.startswith("measurementData"))
+    df = pd.read_csv(d / meas, sep="\t")
+    df[df.observableId != "pSTAT5B_rel"].to_csv(d / meas, sep="\t", index=False)
+    pp = sciml.petab.load(yaml)
+    llh = pp.llh(pp.nominal)
+    # the petab library's likelihood of our simulations, for the rows that remain
+    problem = petab.v1.Problem.from_yaml(yaml)
+    sim = pp.simulate(pp.nominal)
+    m = problem.measurement_df.reset_index(drop=True)
+    s = m.rename(columns={"measurement": "simulation"})
+    s["simulation"] = sim["simulation"].to_numpy()
+    ref = petab.v1.calculate_llh(m, s, problem.observable_df, problem.parameter_df)
+    assert np.isfinite(llh) and llh == pytest.approx(ref, rel=1e-10)
+
+
+def test_version_and_missing_files_are_named(tmp_path):
+    d, yaml = _copy(tmp_path)
+    _edit(yaml, "format_version: 1", "format_version: 3")
+    with pytest.raises(PetabError, match="format_version 3"):
+        sciml.petab.load(yaml)
+    _edit(yaml, "format_version: 3", "format_version: 1")
+    os.remove(d / "model_Boehm_JProteomeRes2014.xml")
+    with pytest.raises(PetabError, match="does not exist"):
+        sciml.petab.load(yaml)
+
+
+def test_a_condition_row_error_names_its_line(tmp_path):
+    d, yaml = _copy(tmp_path, ZHENG)
+    cond = next(f for f in os.listdir(d) if f.startswith("experimentalCondition"))
+    df = pd.read_csv(d / cond, sep="\t", dtype=str, keep_default_na=False)
+    df.insert(2, "no_such_entity", ["1.0"] * len(df))
+    df.to_csv(d / cond, sep="\t", index=False)
+    with pytest.raises(PetabError, match=r"line 2.*unknown target 'no_such_entity'"):
+        sciml.petab.load(yaml)
