@@ -13,7 +13,7 @@ from .losses import SSE, GaussianNLL
 from .model import Model, ModelError, NeuralODE
 from .multistart import MultistartResult, StartFit, fit_multistart
 from .population import Population
-from .problem import Bolus, Infusion, ODEProblem
+from .problem import Bolus, Change, Infusion, ODEProblem
 from .solution import Solution, SolveWarning
 from .solve import solve
 from .solvers import Solver
@@ -23,7 +23,7 @@ from .solvers.tableaus import ButcherTableau
 from .steady import SteadyState, SteadyStateResult, steady_state
 
 __all__ = [
-    "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "solve", "Solution",
+    "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "Change", "solve", "Solution",
     "SolveWarning", "Solver", "Tsit5", "DP5", "BS3", "Vern7", "RK4", "Euler", "Rodas5",
     "ModelError", "ExplicitRK", "ButcherTableau", "Data", "SSE", "GaussianNLL",
     "loss_and_grad", "loss_value", "Population",

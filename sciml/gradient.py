@@ -10,6 +10,7 @@ answer does not depend on the thread count.
 
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from ._validate import (
 from .data import Data
 from .losses import SSE, Loss
 from .problem import ODEProblem, problem_list
+from .segments import segment_problem, segments
 from .solution import SolveWarning
 from .solvers import common
 from .solvers.base import Solver
@@ -126,6 +128,12 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
                                 atol, params, 1, max_steps, dt, need_adaptive=False)
     total = 0.0
     for job, d in jobs:
+        if job.prob.changes:
+            v = _segmented(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
+            if isinstance(v, str):
+                return np.inf
+            total += v
+            continue
         fw = adjoints._forward.values(job)
         if fw.status != 0:
             return np.inf
@@ -319,8 +327,15 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
     if not isinstance(solver, Solver):
         raise TypeError(f"loss_and_grad: `solver` must be a sciml solver such as sciml.Tsit5() "
                         f"or sciml.Rodas5(), got {solver!r}")
+    changes = any(p.changes for p in probs)
     if sensealg is None:
         sensealg = adjoints.default_sensealg(model, solver)
+        if changes and isinstance(sensealg, adjoints.ForwardSensitivity):
+            sensealg = adjoints.GaussAdjoint()
+    elif changes and isinstance(sensealg, adjoints.ForwardSensitivity):
+        raise ValueError("loss_and_grad: ForwardSensitivity does not carry sensitivities "
+                         "across parameter changes (sciml.Change) yet; use an adjoint "
+                         "method (adjoints.GaussAdjoint(), DiscreteAdjoint(), ...)")
     if not isinstance(sensealg, adjoints.SensitivityAlgorithm):
         raise TypeError(f"loss_and_grad: `sensealg` must be an adjoints method (e.g. "
                         f"adjoints.GaussAdjoint()), got {sensealg!r}")
@@ -378,6 +393,8 @@ def _loss(job, data, loss, U, kern):
 
 
 def _one(job, data, loss, sensealg):
+    if job.prob.changes:
+        return _segmented(job, data, loss, sensealg)
     try:
         state = sensealg.forward(job)
         value, G, pdir = _loss(job, data, loss, state.u, state.sys.m.kern)
@@ -389,3 +406,89 @@ def _one(job, data, loss, sensealg):
     if lam0 is not None and job.prob.u0_function is not None:
         grad = grad + job.prob.initial_vjp(job.p, lam0)  # through u0(p)
     return value, grad
+
+
+def _segmented(job, data, loss, sensealg, grad=True):
+    """`_one` for a problem with parameter changes: its segments (`sciml.segments`) solved
+    in turn, the loss on all their observations, then the backward passes in reverse, each
+    segment's adjoint at its start handed to the one before as a jump at its end."""
+    prob, model, n = job.prob, job.model, job.n
+    segs = segments(prob, job.p)
+    obs = job.obs_t
+    jobs, states, rows = [], [], []
+    u = None
+    try:
+        for k, seg in enumerate(segs):
+            q = segment_problem(prob, seg, u)
+            lo, hi = seg.tspan
+            last = k == len(segs) - 1
+            idx = np.flatnonzero((obs >= lo) & ((obs < hi) | (last & (obs <= hi))))
+            t_k = obs[idx] if last else np.append(obs[idx], hi)  # its end state carries on
+            jk = replace(job, prob=q, p=seg.p, sched=common.schedule(q), obs_t=t_k)
+            st = sensealg.forward(jk) if grad else adjoints._forward.values(jk)
+            if st.status != 0:
+                raise adjoints.SolveFailed(f"the forward solve of segment {k} stopped at t = "
+                                           f"{st.t_end:g}")
+            jobs.append(jk), states.append(st), rows.append(idx)
+            u = np.array(st.u[-1])
+    except adjoints.SolveFailed as e:
+        return str(e), None
+    U = np.empty((obs.shape[0], n))
+    for st, idx in zip(states, rows):
+        U[idx] = st.u[:idx.shape[0]]
+    value, G, pdir = _segment_loss(job, data, loss, U, segs, rows, states)
+    if not grad:
+        return value, None
+    g = np.zeros(job.n_params)
+    w = None
+    try:
+        for k in range(len(segs) - 1, -1, -1):
+            jk, idx = jobs[k], rows[k]
+            Gk = np.zeros((jk.obs_t.shape[0], n))
+            Gk[:idx.shape[0]] = G[idx]
+            if w is not None:
+                Gk[-1] += w
+            gk, w = sensealg.backward(jk, states[k], Gk)
+            segs[k].pull_back(gk, g)
+            if k > 0 and segs[k].time_param >= 0:  # the change moves with a parameter
+                tau, ub = segs[k].tspan[0], states[k - 1].u[-1]
+                g[segs[k].time_param] += w @ (model.rhs(ub, segs[k - 1].p, tau)
+                                              - model.rhs(ub, segs[k].p, tau))
+    except adjoints.SolveFailed as e:
+        return str(e), None
+    if pdir is not None:
+        g = g + pdir
+    if w is not None and prob.u0_function is not None:
+        g = g + prob.initial_vjp(job.p, w)
+    return value, g
+
+
+def _segment_loss(job, data, loss, U, segs, rows, states):
+    """`_loss` with each observation's observables computed under its segment's parameters
+    (their parameter gradient mapped back through the segment)."""
+    if data.kind == "states" or len(segs) == 1:
+        return _loss(job, data, loss, U, states[0].sys.m.kern)
+    model = job.model
+    cols = data.columns(model)
+    ws = model.workspace()
+    kern = states[0].sys.m.kern
+    T, n = U.shape
+    Y = np.zeros((T, model.n_obs))
+    for seg, idx in zip(segs, rows):
+        if idx.size:
+            Yk = np.zeros((idx.shape[0], model.n_obs))
+            observe_along(kern, seg.p, ws, Yk, job.obs_t[idx], np.ascontiguousarray(U[idx]))
+            Y[idx] = Yk
+    value, ybar, pdir = loss(Y[:, cols], data, job.p, model)
+    Ybar = np.zeros_like(Y)
+    Ybar[:, cols] = ybar
+    G = np.zeros((T, n))
+    pobs = np.zeros(job.n_params)
+    for seg, idx in zip(segs, rows):
+        if idx.size:
+            Gk, pk = np.zeros((idx.shape[0], n)), np.zeros(job.n_params)
+            observe_jumps(kern, seg.p, ws, Gk, pk, np.ascontiguousarray(Ybar[idx]),
+                          np.ascontiguousarray(U[idx]), job.obs_t[idx], np.zeros(n))
+            G[idx] = Gk
+            seg.pull_back(pk, pobs)
+    return value, G, pobs if pdir is None else pobs + pdir

@@ -83,6 +83,34 @@ class Infusion:
         return self.start + (self.every or 0.0) * np.arange(self.count)
 
 
+@dataclass(frozen=True)
+class Change:
+    """From `time` on, the named mechanistic parameters take new values (a PEtab period, a
+    covariate that changes): ``Change(time=24.0, params={"k": 0.3})``.
+
+    ``time`` is a number, or the name of a parameter whose value is the time (the
+    gradient then includes how the loss moves with it). Each value is a number (held
+    fixed: the parameter's gradient covers only the time before the change) or the name
+    of another parameter whose value it takes (the gradient flows to that one).
+    Changes accumulate: a later one overrides only the parameters it names.
+    """
+
+    time: float | str
+    params: dict
+
+    def __post_init__(self):
+        if not isinstance(self.time, str):
+            _number("Change", "time", self.time)
+        if not isinstance(self.params, dict) or not self.params:
+            raise ValueError(f"Change: `params` must be a non-empty dict of parameter name -> "
+                             f"value, got {self.params!r}")
+        for k, v in self.params.items():
+            if not isinstance(k, str):
+                raise ValueError(f"Change: `params` keys must be parameter names, got {k!r}")
+            if not isinstance(v, str):
+                _number("Change", f"params[{k!r}]", v)
+
+
 @dataclass
 class DoseArrays:
     """Doses as the compiled loops read them (float64 / int64, sorted by time).
@@ -101,6 +129,26 @@ class DoseArrays:
     inf_i: np.ndarray
     inf_rate: np.ndarray
     tstops: np.ndarray
+
+
+def _check_changes(changes, model, tspan):
+    """`changes` validated against the model's mechanistic parameters and the time span."""
+    names = list(model.params)
+    known = set(names)
+    for k, c in enumerate(changes):
+        if not isinstance(c, Change):
+            raise TypeError(f"ODEProblem: `changes[{k}]` must be a sciml.Change, got {c!r}")
+        for name in [c.time] * isinstance(c.time, str) + list(c.params) + [
+                v for v in c.params.values() if isinstance(v, str)]:
+            if name not in known:
+                raise ValueError(f"ODEProblem: `changes[{k}]` names {name!r}, which is not a "
+                                 f"mechanistic parameter of the model ({', '.join(names)})")
+        if tspan is not None and not isinstance(c.time, str) \
+                and not tspan[0] < c.time < tspan[1]:
+            raise ValueError(f"ODEProblem: `changes[{k}]` is at t = {c.time}, outside the "
+                             f"open interval tspan = {tspan}: set `params` for the start "
+                             "instead")
+    return changes
 
 
 def dose_arrays(doses, states, tstops=()):
@@ -188,14 +236,19 @@ class ODEProblem:
     doses : sequence of Bolus / Infusion, optional
     tstops : sequence of float, optional
         Extra times the integrator must land on exactly.
+    changes : sequence of Change, optional
+        Parameters that change within the solve; the integration stops at each change
+        and continues from the state reached with the new values (`sciml.Change`).
     """
 
-    def __init__(self, model, u0, tspan, params, doses=(), tstops=()):
+    def __init__(self, model, u0, tspan, params, doses=(), tstops=(), changes=()):
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "_u0_fn", None)
+        object.__setattr__(self, "changes", ())
         self.params = params
         self.u0, self.tspan = u0, tspan
         self.doses, self.tstops = doses, tstops
+        self.changes = changes
 
     @property
     def u0(self):
@@ -234,7 +287,8 @@ class ODEProblem:
             object.__setattr__(self, "_u0_fn", None)
             object.__setattr__(self, "_u0", value)
             if "dose_arrays" in self.__dict__:
-                object.__setattr__(self, "_plain", self.dose_arrays.tstops.size == 0)
+                object.__setattr__(self, "_plain", self.dose_arrays.tstops.size == 0
+                                   and not self.changes)
             return
         if name == "params":
             value = float_vector(value, model.n_params, "ODEProblem", "params",
@@ -254,13 +308,18 @@ class ODEProblem:
             value = tuple(value)
         elif name == "tstops":
             value = tuple(float(t) for t in np.ravel(np.asarray(value, dtype=np.float64)))
+        elif name == "changes":
+            value = _check_changes(tuple(value), model, self.__dict__.get("tspan"))
         object.__setattr__(self, name, value)
         if name in ("doses", "tstops") and "doses" in self.__dict__ and "tstops" in self.__dict__:
             arrays = dose_arrays(self.doses, model.states, self.tstops)
             check_dose_times(self.doses, self.tspan[0])
             object.__setattr__(self, "dose_arrays", arrays)
             # No doses, no tstops, u0 an array: `sciml.solve` may take its lean path.
-            object.__setattr__(self, "_plain", arrays.tstops.size == 0 and self._u0_fn is None)
+            object.__setattr__(self, "_plain", arrays.tstops.size == 0 and self._u0_fn is None
+                               and not self.changes)
+        if name == "changes" and value and "doses" in self.__dict__:
+            object.__setattr__(self, "_plain", False)
 
     def kernel_table(self, *needs):
         """The kernel table the compiled loops read for this problem: the model's, with the
@@ -307,13 +366,13 @@ class ODEProblem:
         return np.stack([self.initial_vjp(params, e) for e in np.eye(n)]) if n else \
             np.zeros((0, npar))
 
-    def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None):
+    def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None, changes=None):
         """A copy with some fields replaced (the model, and initial values traced from a
         function, are shared: nothing is traced again)."""
         q = ODEProblem.__new__(ODEProblem)
         q.__dict__.update(self.__dict__)
         for name, v in (("u0", u0), ("tspan", tspan), ("params", params), ("doses", doses),
-                        ("tstops", tstops)):
+                        ("tstops", tstops), ("changes", changes)):
             if v is not None:
                 setattr(q, name, v)  # validated as in __init__
         return q
@@ -323,7 +382,7 @@ class ODEProblem:
         # again in the new process (their kernel table holds this process's addresses).
         u0 = self._u0_fn if self._u0_fn is not None else self._u0
         return (ODEProblem, (self.model, u0, self.tspan, self.params, self.doses,
-                             self.tstops))
+                             self.tstops, self.changes))
 
     def __repr__(self):
         u0 = "u0=<function>" if self._u0_fn is not None else f"u0={self._u0.tolist()}"

@@ -23,8 +23,9 @@ from ._validate import (
     saveat_times,
 )
 from .problem import ODEProblem, problem_list
+from .segments import segment_problem, segments
 from .solution import Solution, SolveWarning, _Redo, lean_solution
-from .solvers.base import STATUS_TEXT, SUCCESS, Solver
+from .solvers.base import STATUS_TEXT, SUCCESS, RawSolution, Solver
 from .solvers.erk import ExplicitRK, Tsit5
 
 
@@ -132,6 +133,16 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
     store = bool(dense) if dense is not None else saveat is None
     lazy = dense is None and not store
     threads = Threads(threads)  # checked for one problem too
+    if not many and probs[0].changes:
+        if dense:
+            raise ValueError("solve: dense output (`dense=True`) is not available for a "
+                             "problem with parameter changes yet; pass the times as `saveat`")
+        sol = Solution(probs[0], solver, _run_segments(solver, probs[0], saveats[0], rtol,
+                                                       atols[0], dt, max_steps))
+        _warn_if_failed(sol, None, 4)
+        return sol
+    if many and any(p.changes for p in probs):
+        return [_solve(p, solver, rtol, atol, saveat, dt, max_steps, dense, 1) for p in probs]
     if not many:
         raw = solver._run(probs[0], saveats[0], rtol, atols[0], dt, max_steps, store)
         redo = _Redo((solver, probs[0], probs[0].u0.copy(), saveats[0], rtol, atols[0], dt,
@@ -199,6 +210,32 @@ def _run_many(solver, probs, saveats, rtol, atols, dt, max_steps, dense, threads
             for i, r in zip(idx, out):
                 raws[i] = r
     return raws
+
+
+def _run_segments(solver, prob, saveat, rtol, atol, dt, max_steps):
+    """One problem with parameter changes: its segments (`sciml.segments`) in turn, each
+    from the state the one before reached; the saved rows and counts put together."""
+    segs = segments(prob, prob.params)
+    ts, us, stats = [], [], {}
+    u, status, t_end = None, SUCCESS, prob.tspan[0]
+    for k, seg in enumerate(segs):
+        q = segment_problem(prob, seg, u)
+        lo, hi = seg.tspan
+        last = k == len(segs) - 1
+        sv = None
+        if saveat is not None:
+            mine = saveat[(saveat >= lo) & ((saveat < hi) | (last & (saveat <= hi)))]
+            sv = mine if last else np.append(mine, hi)  # the end state carries on
+        raw = solver._run(q, sv, rtol, atol, dt, max_steps, False)
+        for key, v in raw.stats.items():
+            stats[key] = stats.get(key, 0) + v
+        status, t_end = raw.status, raw.t_end
+        keep = raw.t.shape[0] - (0 if last or status != SUCCESS else 1)
+        ts.append(raw.t[:keep]), us.append(raw.u[:keep])
+        if status != SUCCESS:
+            break
+        u = np.array(raw.u[-1])
+    return RawSolution(np.concatenate(ts), np.concatenate(us), status, t_end, stats, None)
 
 
 def _check_solver(solver):
