@@ -158,6 +158,8 @@ class Resolver:
                 v = deep(pp._assign_outer[st])
             else:
                 v = deep(pp.sbml.expand(pp.sbml.initial[st]))
+        elif name in pp._switches.synthetic:  # a time switch's flag or switching time
+            v = deep(pp._switches.synthetic[name])
         elif name in self.changes:
             v = deep(self.changes[name])
         elif name in pp._assign_outer:

@@ -25,15 +25,19 @@ import re
 import numpy as np
 import yaml
 
-from ..gradient import loss_and_grad
+import adjoints
+
+from ..gradient import loss_and_grad, loss_value
 from ..model import Model
 from ..problem import ODEProblem
+from ..segments import segments
 from ..solve import solve
 from ..steady import steady_state
 from . import likelihood as lk
 from .errors import PetabError
 from .experiment import PLACEHOLDER, Outer
 from .sbml import TIME, read_sbml, symbol
+from .switches import Switches
 from .tables import number, parse_formula, read_table
 from .v1 import read_v1
 
@@ -76,7 +80,9 @@ class PetabProblem:
         (see `DEFAULT_SENSEALG`), else `adjoints.default_sensealg`'s choice for the model
         and solver (`GaussAdjoint` with Rodas5 beyond 16 model parameters: forward
         sensitivities cost n_states x n_params extra states, 40x the adjoint's time on
-        Alkan_SciSignal2018's 73 conditions).
+        Alkan_SciSignal2018's 73 conditions). A simulation with time switches inside its
+        span runs `GaussAdjoint` where `ForwardSensitivity` is asked for (forward
+        sensitivities do not cross parameter changes yet).
     rtol, atol : float
         Tolerances of the solves (default 1e-8, 1e-10).
 
@@ -100,7 +106,6 @@ class PetabProblem:
     DEFAULT_SENSEALG = "ForwardSensitivity"
 
     def __init__(self, problem_yaml, solver=None, sensealg=None, rtol=1e-8, atol=1e-10):
-        import adjoints
 
         from ..solvers.erk import Tsit5
         from ..solvers.rosenbrock import Rodas5
@@ -473,6 +478,14 @@ class PetabProblem:
                 sig_e.append(sb.expand(s).xreplace(self._assign_model))
         self.observable_ids = obs_ids
         sig_names = [f"sigma_{o}" for o in obs_ids]
+        # piecewise switches in time: flag parameters, changed at the switching times
+        taken = set(self.params) | set(sb.initial) | set(states) | set(self.entity)
+        for e in rhs + obs_e + sig_e:
+            taken |= {q.name for q in e.free_symbols}
+        self._switches = Switches(rhs + obs_e + sig_e, state_syms, taken)
+        rhs = [self._switches.replace(e) for e in rhs]
+        obs_e = [self._switches.replace(e) for e in obs_e]
+        sig_e = [self._switches.replace(e) for e in sig_e]
         # parameters of the model: every free symbol that is not a state, t or a net output
         exprs = rhs + obs_e + sig_e
         for name in model_nets:
@@ -482,7 +495,7 @@ class PetabProblem:
             free |= e.free_symbols
         free -= state_syms | {TIME} | set(out_sym)
         self._u0_names = [f"u0_{s}" for s in states]
-        mech = sorted(s.name for s in free) + self._u0_names
+        mech = sorted({s.name for s in free} | set(self._switches.times)) + self._u0_names
         if len(set(self._u0_names) & (set(sorted(s.name for s in free)) | set(states))):
             raise PetabError(f"{self.sbml.path}: an entity is named like an initial value "
                              f"(u0_<state>); rename it")
@@ -498,6 +511,7 @@ class PetabProblem:
             chains[name] = ch
             self.nets[name].chain = ch
         self._mech = mech
+        self._switches.bind(mech)
         # the model's names: SBML ids that are not plain Python names (`_Cyt__CCND`) mapped
         py = _python_names(states + mech + obs_ids + sig_names)
         self._py = py
@@ -643,21 +657,30 @@ class PetabProblem:
                     u0_idx=u0_idx)
 
     def _theta(self, sim, zv, W):
-        """A simulation's model parameters at the estimated values ``(zv, W)`` and the
-        tape of `_theta_vjp`: with a pre-equilibration, the initial values it hands on
-        are those of its steady state. None where that steady state is not found."""
+        """A simulation's problem and model parameters at the estimated values ``(zv, W)``,
+        and the tape of `_theta_vjp`: with a pre-equilibration, the initial values it hands
+        on are those of its steady state; with time switches inside its span, the problem
+        changes its flags there. ``(None, None, None)`` where the steady state is not found."""
         theta, tape = sim["outer"].theta(zv, W)
+        prob = sim["prob"]
+        sw = self._switches
+        if sw:
+            theta, changes = sw.schedule(theta, *prob.tspan)
+            if changes:
+                prob = prob.remake(changes=changes)
         pre = sim.get("pre")
         if pre is None:
-            return theta, (tape, None)
+            return prob, theta, (tape, None)
         th_pre, tape_pre = pre["outer"].theta(zv, W)
+        if sw:  # the flags as they are at the start of the pre-equilibration
+            th_pre = sw.at(th_pre, pre["prob"].tspan[0])
         res = steady_state(pre["prob"], params=th_pre, solver=self.solver, rtol=self.rtol,
                            atol=self.atol)
         if not res.converged:
-            return None, None
+            return None, None, None
         theta = theta.copy()
         theta[pre["u0_idx"]] = res.u[pre["states"]]
-        return theta, (tape, (res, th_pre, tape_pre))
+        return prob, theta, (tape, (res, th_pre, tape_pre))
 
     def _theta_vjp(self, sim, g, tapes, gz, gW):
         """Adds ``g^T d theta / d (z, W)`` (g over the model parameters) to gz and gW, through
@@ -761,36 +784,45 @@ class PetabProblem:
         gz = np.zeros(len(zv))
         gW = {k: np.zeros_like(w) for k, w in W.items()}
         for sim in self.sims:
-            theta, tape = self._theta(sim, zv, W)
+            prob, theta, tape = self._theta(sim, zv, W)
             if theta is None:  # no steady state for its pre-equilibration
                 return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
             if grad:
-                v, g = loss_and_grad(sim["prob"], sim["data"], loss=_LOSS, solver=self.solver,
-                                     sensealg=self.sensealg, rtol=self.rtol, atol=self.atol,
+                sa = self.sensealg
+                if prob.changes and isinstance(sa, adjoints.ForwardSensitivity):
+                    sa = adjoints.GaussAdjoint()  # forward sensitivities stop at changes
+                v, g = loss_and_grad(prob, sim["data"], loss=_LOSS, solver=self.solver,
+                                     sensealg=sa, rtol=self.rtol, atol=self.atol,
                                      params=theta)
                 if not math.isfinite(v):
                     return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
                 self._theta_vjp(sim, g, tape, gz, gW)
             else:
-                v = self._value(sim, theta)
+                v = loss_value(prob, sim["data"], loss=_LOSS, solver=self.solver,
+                               rtol=self.rtol, atol=self.atol, params=theta)
             total += v
         pv, pg = self._prior(np.asarray(x, dtype=np.float64)) if prior else (0.0, 0.0)
         if not grad:
             return -total + pv
         return -total + pv, -self._chain_back(np.asarray(x, float), gz, gW) + pg
 
-    def _value(self, sim, theta):
-        Y = self._observe(sim, theta)
-        return _LOSS(Y, sim["data"], theta, self.model)[0]
-
-    def _observe(self, sim, theta):
+    def _observe(self, sim, prob, theta):
         d = sim["data"]
-        sol = solve(sim["prob"].remake(params=theta), self.solver, rtol=self.rtol,
-                    atol=self.atol, saveat=d.t)
+        sol = solve(prob.remake(params=theta), self.solver, rtol=self.rtol, atol=self.atol,
+                    saveat=d.t)
         if sol.status_code != 0:
             return np.full((len(d.t), len(d.names)), np.nan)
-        obs = sol.observables
-        return np.stack([obs[n] for n in d.names], axis=1)
+        if not prob.changes:
+            obs = sol.observables
+            return np.stack([obs[n] for n in d.names], axis=1)
+        # each time's observables under the parameters of its segment
+        cols = [self.model.obs_names.index(n) for n in d.names]
+        Y = np.empty((len(d.t), len(d.names)))
+        for seg in segments(prob, theta):
+            lo, hi = seg.tspan
+            for i in np.flatnonzero((d.t >= lo) & ((d.t < hi) | (hi == prob.tspan[1]))):
+                Y[i] = self.model.observe(sol.u[i], seg.p, d.t[i])[cols]
+        return Y
 
     def simulate(self, x):
         """The measurement table's keys and a ``simulation`` column at `x` (a DataFrame)."""
@@ -799,9 +831,9 @@ class PetabProblem:
         zv, W = self._split_x(x)
         sim_values = np.full(len(self._meas), np.nan)
         for sim in self.sims:
-            theta, _ = self._theta(sim, zv, W)
+            prob, theta, _ = self._theta(sim, zv, W)
             d = sim["data"]
-            Y = self._observe(sim, theta) if theta is not None else \
+            Y = self._observe(sim, prob, theta) if theta is not None else \
                 np.full((len(d.t), len(d.names)), np.nan)
             d = sim["data"]
             sim_values[sim["rows"]] = Y[d.row_t, d.row_y]

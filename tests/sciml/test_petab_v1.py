@@ -107,3 +107,67 @@ def test_a_condition_row_error_names_its_line(tmp_path):
     df.to_csv(d / cond, sep="\t", index=False)
     with pytest.raises(PetabError, match=r"line 2.*unknown target 'no_such_entity'"):
         sciml.petab.load(yaml)
+
+
+_SBML = """<?xml version="1.0" encoding="UTF-8"?>
+<sbml xmlns="http://www.sbml.org/sbml/level3/version1/core" level="3" version="1">
+  <model id="switch">
+    <listOfCompartments><compartment id="c" size="1" constant="true"/></listOfCompartments>
+    <listOfSpecies>
+      <species id="x" compartment="c" initialConcentration="0" hasOnlySubstanceUnits="false"
+               boundaryCondition="false" constant="false"/>
+    </listOfSpecies>
+    <listOfParameters>
+      <parameter id="a" value="1" constant="true"/>
+      <parameter id="k" value="0.5" constant="true"/>
+      <parameter id="tau" value="2" constant="true"/>
+    </listOfParameters>
+    <listOfRules>
+      <rateRule variable="x"><math xmlns="http://www.w3.org/1998/Math/MathML"><apply><minus/>
+        <apply><times/><ci>a</ci><piecewise><piece><cn>1</cn><apply><lt/>
+          <csymbol encoding="text" definitionURL="http://www.sbml.org/sbml/symbols/time">t</csymbol>
+          <ci>tau</ci></apply></piece><otherwise><cn>0</cn></otherwise></piecewise></apply>
+        <apply><times/><ci>k</ci><ci>x</ci></apply></apply></math></rateRule>
+    </listOfRules>
+  </model>
+</sbml>
+"""
+
+
+def _switch_problem(tmp_path):
+    d = tmp_path / "switch"
+    d.mkdir()
+    (d / "model.xml").write_text(_SBML)
+    (d / "conditions.tsv").write_text("conditionId\nc0\n")
+    (d / "observables.tsv").write_text(
+        "observableId\tobservableFormula\tnoiseFormula\nobs_x\tx\t0.1\n")
+    times = [0.5, 1.0, 1.5, 2.5, 3.0, 4.0]
+    (d / "measurements.tsv").write_text(
+        "observableId\tsimulationConditionId\ttime\tmeasurement\n" +
+        "".join(f"obs_x\tc0\t{t}\t{0.5 + 0.1 * t}\n" for t in times))
+    (d / "parameters.tsv").write_text(
+        "parameterId\tparameterScale\tlowerBound\tupperBound\tnominalValue\testimate\n"
+        "a\tlog10\t0.01\t100\t1\t1\nk\tlog10\t0.01\t100\t0.5\t1\n"
+        "tau\tlin\t0.1\t4\t2\t1\n")
+    (d / "problem.yaml").write_text(
+        "format_version: 1\nparameter_file: parameters.tsv\nproblems:\n"
+        "- condition_files: [conditions.tsv]\n  measurement_files: [measurements.tsv]\n"
+        "  observable_files: [observables.tsv]\n  sbml_files: [model.xml]\n")
+    return str(d / "problem.yaml"), np.array(times)
+
+
+def test_time_switch_with_an_estimated_switching_time(tmp_path):
+    yaml, t = _switch_problem(tmp_path)
+    pp = sciml.petab.load(yaml)
+    assert pp._switches.times  # the piecewise became a switch
+    a, k, tau = 1.0, 0.5, 2.0
+    x = np.where(t < tau, a / k * (1 - np.exp(-k * t)),
+                 a / k * (1 - np.exp(-k * tau)) * np.exp(-k * (t - tau)))
+    r = ((0.5 + 0.1 * t) - x) / 0.1
+    ref = -np.sum(0.5 * np.log(2 * np.pi * 0.01) + 0.5 * r ** 2)
+    assert pp.llh(pp.nominal) == pytest.approx(ref, rel=1e-7)
+    _, g = pp.llh_and_grad(pp.nominal)
+    tight = sciml.petab.load(yaml, rtol=1e-11, atol=1e-13)
+    fd = [(tight.llh(pp.nominal + e) - tight.llh(pp.nominal - e)) / 2e-6
+          for e in np.eye(3) * 1e-6]
+    np.testing.assert_allclose(g, fd, rtol=1e-6)

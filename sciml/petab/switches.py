@@ -1,0 +1,127 @@
+"""Switches in time: SBML ``piecewise`` conditions such as ``time < tau`` or
+``time >= t_dose`` as parameter changes at the switching times.
+
+A right-hand side that jumps at a time the integrator does not know is integrated
+across the kink with the step it happens to take (slow at tight tolerance, and
+never exactly). As AMICI does with its Heaviside variables, each such condition
+becomes a flag parameter (1 while the condition holds) and each switching time a
+parameter of its own, whose value is the condition's root in time (an expression
+of the model's parameters, so it may be estimated). A simulation then runs as
+`sciml.Change` segments between the switching times inside its span, each with
+its flags fixed; the gradient includes how the loss moves with a switching time
+(`sciml.segments`).
+
+Only conditions linear in time and free of states are switches; others (state
+thresholds: events) stay in the right-hand side as they are.
+"""
+
+import numpy as np
+import sympy
+
+from ..problem import Change
+from .sbml import TIME, symbol
+
+__all__ = ["Switches"]
+
+
+class Switches:
+    """The time switches of a model's expressions.
+
+    Attributes
+    ----------
+    flags : list of str
+        One model parameter per condition (1.0 while it holds, else 0.0).
+    times : list of str
+        One model parameter per distinct switching time.
+    synthetic : dict str -> sympy.Expr
+        The value of each new parameter in the model's symbols (a flag's is a
+        placeholder: simulations set it).
+    """
+
+    def __init__(self, exprs, states, taken):
+        rels = set()
+        for e in exprs:
+            rels |= {r for r in e.atoms(sympy.core.relational.Relational)
+                     if TIME in r.free_symbols and not (r.free_symbols & states)
+                     and not isinstance(r, (sympy.Eq, sympy.Ne))}
+        self.subs, self.flags, self.times, self.synthetic = {}, [], [], {}
+        self._conds, self._of_flag = [], []
+        tau_name = {}
+        for r in sorted(rels, key=str):
+            g = sympy.expand(r.lhs - r.rhs)
+            a = g.diff(TIME)
+            if not a.is_number or a == 0:
+                continue  # not linear in time with a constant slope
+            tau = sympy.simplify(-(g - a * TIME) / a)
+            if tau not in tau_name:
+                name = _fresh(f"switch_time_{len(tau_name)}", taken)
+                tau_name[tau] = name
+                self.times.append(name)
+                self.synthetic[name] = tau
+            flag = _fresh(f"switch_flag_{len(self.flags)}", taken)
+            self.flags.append(flag)
+            self.synthetic[flag] = sympy.Float(0.0)
+            self.subs[r] = sympy.StrictGreaterThan(symbol(flag), sympy.Float(0.5))
+            # the condition as the sign of a (t - tau), tested by its own relation
+            self._conds.append((float(a), type(r)))
+            self._of_flag.append(tau_name[tau])
+
+    def __bool__(self):
+        return bool(self.flags)
+
+    def replace(self, e):
+        """`e` with each switching condition replaced by its flag."""
+        return e.xreplace(self.subs) if self.subs else e
+
+    def bind(self, mech):
+        """Where the new parameters sit among the model's mechanistic ones (`mech`)."""
+        self._mech = {m: i for i, m in enumerate(mech)}
+
+    def _flags_at(self, theta, t):
+        out = []
+        for (a, rel), tau in zip(self._conds, self._of_flag):
+            out.append(1.0 if _OPS[rel](a * (t - float(theta[self._mech[tau]])), 0.0) else 0.0)
+        return out
+
+    def schedule(self, theta, t0, tf):
+        """``(theta with the flags of the first segment, [Change, ...])`` for a simulation
+        over ``(t0, tf)`` at the model parameters `theta`."""
+        mech = self._mech
+        taus = {name: float(theta[mech[name]]) for name in self.times}
+        inner = sorted({t for t in taus.values() if t0 < t < tf})
+        bounds = [t0, *inner, tf]
+
+        def flags_at(t):
+            return self._flags_at(theta, t)
+
+        theta = theta.copy()
+        now = flags_at(0.5 * (bounds[0] + bounds[1]))
+        for f, v in zip(self.flags, now):
+            theta[mech[f]] = v
+        changes = []
+        for k in range(1, len(bounds) - 1):
+            new = flags_at(0.5 * (bounds[k] + bounds[k + 1]))
+            upd = {f: v for f, v, old in zip(self.flags, new, now) if v != old}
+            now = new
+            if upd:
+                name = next(n for n, t in taus.items() if t == bounds[k])
+                changes.append(Change(name, upd))
+        return theta, changes
+
+    def at(self, theta, t):
+        """`theta` with the flags as they are at time `t` (a steady state's)."""
+        theta = theta.copy()
+        for name, v in zip(self.flags, self._flags_at(theta, t)):
+            theta[self._mech[name]] = v
+        return theta
+
+
+_OPS = {sympy.StrictLessThan: np.less, sympy.LessThan: np.less_equal,
+        sympy.StrictGreaterThan: np.greater, sympy.GreaterThan: np.greater_equal}
+
+
+def _fresh(name, taken):
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
