@@ -32,6 +32,7 @@ from ..model import Model
 from ..problem import ODEProblem
 from ..segments import segments
 from ..solve import solve
+from ..solvers.kernels.observe import observe_jumps
 from ..steady import steady_state
 from . import likelihood as lk
 from .errors import PetabError
@@ -595,9 +596,8 @@ class PetabProblem:
                     raise PetabError(f"{t.where(line, 'experimentId')}: unknown experiment "
                                      f"{eid!r}")
                 tm = number(t, line, "time", t.require(line, row, "time"))
-                if not math.isfinite(tm):
-                    raise PetabError(f"{t.where(line, 'time')}: steady-state measurements "
-                                     "(time inf) are not supported")
+                if tm == -math.inf:
+                    raise PetabError(f"{t.where(line, 'time')}: a measurement at -inf")
                 m = number(t, line, "measurement", t.require(line, row, "measurement"))
                 op = tuple(_split(t, line, "observableParameters", row))
                 npar = tuple(_split(t, line, "noiseParameters", row))
@@ -607,6 +607,11 @@ class PetabProblem:
         self._meas_columns = list(self.t_meas[0].columns)
         self.sims = []
         for eid, rs in rows.items():
+            at_rest = [r for r in rs if r[2] == math.inf]
+            if at_rest and len(at_rest) < len(rs):
+                raise PetabError(f"experiment {eid!r} has measurements both at steady state "
+                                 "(time inf) and at finite times, which is not supported "
+                                 "(post-equilibration after a simulation)")
             periods = sorted(exps.get(eid, [(0.0, [], "")]), key=lambda p: p[0])
             pre = [p for p in periods if p[0] == -math.inf]
             main = [p for p in periods if p[0] != -math.inf]
@@ -704,6 +709,9 @@ class PetabProblem:
                 for i, v in enumerate(vals):
                     ph[f"{kind}Parameter{i + 1}_{oid}"] = v
         times = np.unique([r[2] for r in rs])
+        steady = bool(times[-1] == math.inf)  # measured at steady state
+        if steady:
+            times = np.array([t0])  # where the rows point; the state is the steady state
         if times[0] < t0:
             raise PetabError(f"experiment {eid!r}: a measurement at t = {times[0]} precedes its "
                              f"start t = {t0}")
@@ -711,7 +719,8 @@ class PetabProblem:
         col = {n: i for i, n in enumerate(names)}
         names = [self._py[n] for n in names]
         n_obs = len(self.observable_ids)
-        row_t = np.searchsorted(times, [r[2] for r in rs])
+        row_t = np.searchsorted(times, [r[2] for r in rs]) if not steady else \
+            np.zeros(len(rs), dtype=np.int64)
         row_y = np.array([col[r[1]] for r in rs])
         meas = lk.Measurements(
             times, names, row_t, row_y, row_y + n_obs, np.array([r[3] for r in rs]),
@@ -721,7 +730,8 @@ class PetabProblem:
         outer = Outer(self, eid, cids, changes, ph, {r[1] for r in rs})
         theta = outer.theta(*self._split_x(self.nominal))[0]
         prob = ODEProblem(self.model, self._u0_fn, (t0, tf), theta)
-        return dict(experiment=eid, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer)
+        return dict(experiment=eid, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer,
+                    steady=steady)
 
     # ============================================================ evaluation
 
@@ -787,7 +797,13 @@ class PetabProblem:
             prob, theta, tape = self._theta(sim, zv, W)
             if theta is None:  # no steady state for its pre-equilibration
                 return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
-            if grad:
+            if sim["steady"]:
+                v, g = self._at_rest(sim, prob, theta, grad)
+                if v is None:
+                    return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
+                if grad:
+                    self._theta_vjp(sim, g, tape, gz, gW)
+            elif grad:
                 sa = self.sensealg
                 if prob.changes and isinstance(sa, adjoints.ForwardSensitivity):
                     sa = adjoints.GaussAdjoint()  # forward sensitivities stop at changes
@@ -806,8 +822,40 @@ class PetabProblem:
             return -total + pv
         return -total + pv, -self._chain_back(np.asarray(x, float), gz, gW) + pg
 
+    def _at_rest(self, sim, prob, theta, grad):
+        """``(-llh, its gradient over the model parameters)`` of measurements at steady
+        state: observables at the steady state reached from the simulation's start (its
+        conserved totals), the gradient through it by the implicit function theorem.
+        ``(None, None)`` where none is found."""
+        res = steady_state(prob, params=theta, solver=self.solver, rtol=self.rtol,
+                           atol=self.atol)
+        if not res.converged:
+            return None, None
+        d, model, n = sim["data"], self.model, self.model.n_states
+        t0 = prob.tspan[0]
+        U = res.u[None, :]
+        Y = model.observe(res.u, theta, t0)[None, :]
+        cols = d.columns(model)
+        v, ybar, _ = _LOSS(Y[:, cols], d, theta, model)
+        if not grad:
+            return v, None
+        Ybar = np.zeros_like(Y)
+        Ybar[:, cols] = ybar
+        G, pobs = np.zeros((1, n)), np.zeros(model.n_params)
+        observe_jumps(model.kernel_table("obs", "obs_vjp"), theta, model.workspace(), G, pobs,
+                      Ybar, U, np.array([t0]), np.zeros(n))
+        gp, gs = res.vjp(G[0])
+        return v, pobs + gp + prob.initial_vjp(theta, gs)
+
     def _observe(self, sim, prob, theta):
         d = sim["data"]
+        if sim["steady"]:
+            res = steady_state(prob, params=theta, solver=self.solver, rtol=self.rtol,
+                               atol=self.atol)
+            y = self.model.observe(res.u, theta, prob.tspan[0])
+            cols = [self.model.obs_names.index(n) for n in d.names]
+            return np.full((len(d.t), len(cols)), np.nan) if not res.converged else \
+                np.repeat(y[cols][None, :], len(d.t), axis=0)
         sol = solve(prob.remake(params=theta), self.solver, rtol=self.rtol, atol=self.atol,
                     saveat=d.t)
         if sol.status_code != 0:
