@@ -202,8 +202,8 @@ class PetabProblem:
         from nets import petab as npetab
 
         self.nets = {}
-        # the networks' section: `neural_nets` in current PEtab SciML files,
-        # `neural_networks` in earlier ones
+        # the networks' section: `neural_networks` in the current PEtab SciML files (the
+        # suite renamed it at 0c00157), `neural_nets` in earlier ones; both are read
         specs = sciml.get("neural_nets") or sciml.get("neural_networks") or {}
         for name, spec in specs.items():
             loc = self._file(spec["location"])
