@@ -27,7 +27,10 @@ class Outer:
                       if m == n] for n in self.pre}
         self.o_index = {n: [pp._out_sym[s][1] for s in o_syms[n]] for n in self.pre}
         o_all = [s for n in self.pre for s in o_syms[n]]
-        res = Resolver(pp, eid, changes, placeholders, set(o_all), measured)
+        # the array inputs of the model's networks, as this simulation's conditions give them
+        consts = {name: float(input_array(pp, eid, cids, pid)[j])
+                  for name, (pid, j) in pp._array_params.items()}
+        res = Resolver(pp, eid, changes, placeholders, set(o_all), measured, consts)
         theta_e = [res(symbol(p), f"model parameter {p!r}") for p in pp._mech]
         self.n_mech = len(theta_e)
         self.T = _lambdify(z + o_all, theta_e)
@@ -36,13 +39,7 @@ class Outer:
             items = []
             for e in pp._net_in[n]:
                 if isinstance(e, tuple):
-                    arrays = pp.input_arrays[e[1]]
-                    key = next((c for c in cids if c in arrays), "0")
-                    if key not in arrays:
-                        raise PetabError(f"experiment {eid!r}: no input array for {e[1]!r} "
-                                         f"(condition {', '.join(cids) or 'none'}) in the array "
-                                         f"files (have: {', '.join(arrays)})")
-                    items.append(arrays[key])
+                    items.append(input_array(pp, eid, cids, e[1]))
                 else:
                     items.append(res(e, f"an input of network {n!r}"))
             arrays = [a for a in items if isinstance(a, np.ndarray)]
@@ -110,14 +107,27 @@ class Outer:
             gW[n] += g[s]
 
 
+def input_array(pp, eid, cids, pid):
+    """The array of input `pid` for a simulation with conditions `cids`: the one stored
+    under one of them, else the one for every condition (``0``)."""
+    arrays = pp.input_arrays[pid]
+    key = next((c for c in cids if c in arrays), "0")
+    if key not in arrays:
+        raise PetabError(f"experiment {eid!r}: no input array for {pid!r} "
+                         f"(condition {', '.join(cids) or 'none'}) in the array "
+                         f"files (have: {', '.join(arrays)})")
+    return arrays[key]
+
+
 class Resolver:
     """Value of a symbol in one simulation, as an expression of the estimated parameters
     and the pre-initialization networks' outputs (PEtab's precedence: condition, then
     hybridization, then parameter table, then the SBML model)."""
 
-    def __init__(self, pp, eid, changes, placeholders, outputs, measured=()):
+    def __init__(self, pp, eid, changes, placeholders, outputs, measured=(), constants=None):
         self.pp, self.eid, self.changes = pp, eid, changes
         self.ph, self.outputs, self.measured = placeholders, outputs, set(measured)
+        self.constants = constants or {}  # name -> value fixed for this simulation
         self.cache = {}
 
     def __call__(self, expr, what):
@@ -138,6 +148,8 @@ class Resolver:
 
         if s in self.outputs:
             v = s
+        elif name in self.constants:
+            v = sympy.Float(self.constants[name])
         elif name in self.ph:
             v = self.ph[name]
             v = sympy.Float(float(v)) if _is_number(v) else deep(symbol(v))

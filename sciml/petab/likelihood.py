@@ -94,24 +94,29 @@ def nllh(sim, sigma, m, kind, transform):
 
 # ------------------------------------------------------------------------------ priors
 
+# Elementwise on arrays (a network row's prior covers many entries), floats for floats.
+
 def _normal(x, mu, s):
-    return -0.5 * math.log(2 * math.pi * s * s) - 0.5 * ((x - mu) / s) ** 2, -(x - mu) / s**2
+    return -0.5 * np.log(2 * math.pi * s * s) - 0.5 * ((x - mu) / s) ** 2, -(x - mu) / s**2
 
 
 def _laplace(x, mu, b):
-    return -math.log(2 * b) - abs(x - mu) / b, -math.copysign(1.0, x - mu) / b if x != mu else 0.0
+    # sign(0) = 0: the subgradient 0 at the kink
+    return -np.log(2 * b) - np.abs(x - mu) / b, -np.sign(x - mu) / b
 
 
 def _uniform(x, lo, hi):
-    return (-math.log(hi - lo) if lo <= x <= hi else -math.inf), 0.0
+    inside = (lo <= x) & (x <= hi)
+    return np.where(inside, -math.log(hi - lo), -np.inf), np.zeros_like(x)
 
 
 def _log_version(f):
     def g(x, a, b):
-        if x <= 0:
-            return -math.inf, 0.0
-        v, d = f(math.log(x), a, b)
-        return v - math.log(x), d / x - 1.0 / x
+        pos = x > 0
+        lx = np.log(np.where(pos, x, 1.0))  # x <= 0: density 0 (log -inf), no gradient
+        v, d = f(lx, a, b)
+        xs = np.where(pos, x, 1.0)
+        return np.where(pos, v - lx, -np.inf), np.where(pos, d / xs - 1.0 / xs, 0.0)
     return g
 
 
@@ -134,5 +139,10 @@ def check_prior(where, name, params):
 
 
 def log_prior(name, params, value):
-    """``(log density, d/d value)`` of prior `name` with its two parameters at `value`."""
-    return PRIORS[name](value, *params)
+    """``(log density, d/d value)`` of prior `name` with its two parameters at `value`:
+    floats for a float, elementwise arrays for an array."""
+    x = np.asarray(value, dtype=np.float64)
+    v, d = PRIORS[name](x, *params)
+    if x.ndim == 0:
+        return float(v), float(d)
+    return np.asarray(v, dtype=np.float64), np.asarray(d, dtype=np.float64)

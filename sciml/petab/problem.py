@@ -6,7 +6,9 @@ How the format maps onto the public machinery:
   targets replaced by network outputs), becomes one `sciml.Model`; every
   PEtab observable and its noise formula are observables of it (networks in
   observables are called there). Initial values are model parameters
-  ``u0_<state>`` so that conditions and networks can set them.
+  ``u0_<state>`` so that conditions and networks can set them. An array-file
+  input of a network in the model is constant in time: its entries are model
+  parameters ``<input id>[j]``, set per simulation from its condition's array.
 - Each experiment (split further where measurement rows give the
   placeholders different values) is an `sciml.ODEProblem` and a
   `Measurements`; its model parameters are expressions of the estimated
@@ -62,6 +64,8 @@ class _Net:
         self.w0 = np.zeros(net.n_params)              # nominal flat parameters
         self.level = np.full(net.n_params, -1)        # specificity of the row that set each
         self.estimated = np.zeros(net.n_params, bool)
+        self.priors = []                              # (distribution, parameters) per row
+        self.prior = np.full(net.n_params, -1)        # index into priors of each entry, -1 none
         self.inputs = {}                              # (arg, index or None) -> entity id
         self.outputs = {}                             # entity id -> flat output index
         self.chain = None                             # the nets.Chain inside the model
@@ -204,8 +208,8 @@ class PetabProblem:
         from nets import petab as npetab
 
         self.nets = {}
-        # the networks' section: `neural_nets` in current PEtab SciML files,
-        # `neural_networks` in earlier ones
+        # the networks' section: `neural_networks` in the current PEtab SciML files (the
+        # suite renamed it at 0c00157), `neural_nets` in earlier ones; both are read
         specs = sciml.get("neural_nets") or sciml.get("neural_networks") or {}
         for name, spec in specs.items():
             loc = self._file(spec["location"])
@@ -307,6 +311,11 @@ class PetabProblem:
                 est = est in ("true", "1")
                 ent = self.entity.get(pid)
                 if ent is not None and ent[0] == "par":
+                    if scale != "lin":
+                        # the networks' arrays are read, estimated and written as values
+                        raise PetabError(f"{t.where(line, 'parameterScale')}: {scale!r} for "
+                                         f"the network parameters {pid!r}; they are on the "
+                                         "linear scale (lin)")
                     net_rows.append((t, line, row, ent, est))
                     if ("net", ent[1]) not in order:
                         order.append(("net", ent[1]))
@@ -314,13 +323,7 @@ class PetabProblem:
                 lb = number(t, line, "lowerBound", row["lowerBound"] or "-inf")
                 ub = number(t, line, "upperBound", row["upperBound"] or "inf")
                 nom = number(t, line, "nominalValue", t.require(line, row, "nominalValue"))
-                prior = None
-                dist = row.get("priorDistribution", "")
-                if dist:
-                    vals = [number(t, line, "priorParameters", v)
-                            for v in row.get("priorParameters", "").split(";") if v]
-                    lk.check_prior(t.where(line, "priorDistribution"), dist, vals)
-                    prior = (dist, vals)
+                prior = _read_prior(t, line, row)
                 self.params[pid] = dict(scale=scale, lb=lb, ub=ub, nominal=nom, estimate=est,
                                         prior=prior)
                 order.append(("scalar", pid))
@@ -338,6 +341,13 @@ class PetabProblem:
                                  f"holds the parameters of {net!r}")
             nt.level[sel] = level
             nt.estimated[sel] = est
+            # the row's prior covers its entries; a more specific row sets its own (or none)
+            prior = _read_prior(t, line, row)
+            if prior is None:
+                nt.prior[sel] = -1
+            else:
+                nt.priors.append(prior)
+                nt.prior[sel] = len(nt.priors) - 1
         self.scalar_est = [p for k, p in order if k == "scalar" and self.params[p]["estimate"]]
         names, layout = [], []  # layout: ("scalar", id) or ("net", name, flat indices)
         for kind, key in order:
@@ -395,6 +405,20 @@ class PetabProblem:
                                    t.where(line, "targetValue"))
         return inputs, assign
 
+    def _array_size(self, net, pid):
+        """The length of input `pid`'s arrays (one per condition, all of one 1-D shape): a
+        network in the model takes one vector."""
+        shapes = {k: a.shape for k, a in self.input_arrays[pid].items()}
+        if len(set(shapes.values())) > 1:
+            raise PetabError(f"array files: the arrays inputs/{pid}/<condition> of network "
+                             f"{net!r} differ in shape ({shapes}); the network in the model "
+                             "takes one input size")
+        (shape,) = set(shapes.values())
+        if len(shape) != 1:
+            raise PetabError(f"array files: inputs/{pid} of network {net!r} has shape {shape};"
+                             " a network in the model (not pre_initialization) takes a vector")
+        return shape[0]
+
     def _known(self, name):
         return (name in self.params or name in self.sbml.initial or name in self.entity
                 or name in self._cond_targets or PLACEHOLDER.match(name) is not None)
@@ -415,12 +439,22 @@ class PetabProblem:
             if ent[0] == "out":
                 out_sym[symbol(pid)] = (ent[1], ent[3])
         self._net_in = {}
+        self._array_params = {}  # model parameter "<input id>[j]" -> (input id, j)
         for name, nt in self.nets.items():
             exprs = []
             for _key, pid in sorted(nt.inputs.items(), key=lambda kv: (kv[0][0],
                                                                            kv[0][1] or 0)):
                 v = net_inputs.get(pid)
-                if v == "array":
+                if v == "array" and not nt.pre:
+                    # a network of the model: the array is constant in time (per condition),
+                    # so its entries become model parameters "<id>[j]" that each simulation
+                    # sets from the array of its condition (`Outer`); the traced model stays
+                    # one model for all conditions. Brackets: no PEtab or SBML id has them.
+                    for j in range(self._array_size(name, pid)):
+                        s = symbol(f"{pid}[{j}]")
+                        self._array_params[s.name] = (pid, j)
+                        exprs.append(s)
+                elif v == "array":
                     exprs.append(("array", pid))
                 elif v is None:
                     if not (pid in self.params or pid in self._cond_targets):
@@ -506,9 +540,10 @@ class PetabProblem:
             if ch is None:
                 raise PetabError(f"network {name!r} sits in the model (not pre-initialization)"
                                  " but is not a chain of Linear layers and activations")
-            if any(isinstance(e, tuple) for e in self._net_in[name]):
-                raise PetabError(f"network {name!r} takes an array input but sits in the model;"
-                                 " array inputs need pre_initialization: true")
+            if len(self._net_in[name]) != ch.n_in:
+                raise PetabError(f"network {name!r} takes {ch.n_in} input values, but the "
+                                 f"mapping and hybridization tables (with the array files) "
+                                 f"give it {len(self._net_in[name])}")
             chains[name] = ch
             self.nets[name].chain = ch
         self._mech = mech
@@ -765,6 +800,16 @@ class PetabProblem:
         v, g = 0.0, np.zeros(len(x))
         for item in self._layout:
             if item[0] != "scalar":
+                # a network's estimated entries (x[pos] are the flat entries idx), grouped by
+                # the row whose prior covers them; values on the linear scale, as the arrays
+                _, name, pos, idx = item
+                which = self.nets[name].prior[idx]
+                for k, (dist, pars) in enumerate(self.nets[name].priors):
+                    sel = which == k
+                    if sel.any():
+                        lv, d = lk.log_prior(dist, pars, x[pos[sel]])
+                        v += float(np.sum(lv))
+                        g[pos[sel]] += d
                 continue
             p = self.params[item[1]]
             if p["prior"] is None:
@@ -1022,6 +1067,17 @@ def _python_names(ids):
 def _observable(bind, e):
     """An observable function ``g(u, p, t, nets)`` computing the expression `e`."""
     return lambda u, p, t, nets: bind(u, p, t, nets, [e])[0]
+
+
+def _read_prior(t, line, row):
+    """``(distribution, parameters)`` of a parameter table row, None without a prior."""
+    dist = row.get("priorDistribution", "")
+    if not dist:
+        return None
+    vals = [number(t, line, "priorParameters", v)
+            for v in row.get("priorParameters", "").split(";") if v]
+    lk.check_prior(t.where(line, "priorDistribution"), dist, vals)
+    return (dist, vals)
 
 
 def _split(t, line, column, row):
