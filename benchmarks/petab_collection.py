@@ -74,11 +74,21 @@ def collection_reference(pp, folder):
         os.path.join(folder, "simulations.tsv"))
     if not files:
         return None
-    ref = pd.read_csv(files[0], sep="\t")
+    ref = pd.read_csv(files[0], sep="\t", dtype=str, keep_default_na=False)
     ours = pp.simulate(pp.nominal)
-    if len(ref) != len(ours):
-        return None
-    a, b = ours["simulation"].to_numpy(), ref["simulation"].to_numpy()
+    if len(ref) == len(ours):
+        b = ref["simulation"].astype(float).to_numpy()
+    else:  # rows matched by what determines a simulated value
+        keys = [c for c in ("observableId", "preequilibrationConditionId",
+                            "simulationConditionId", "time", "observableParameters")
+                if c in ref.columns and c in ours.columns]
+        ref["time"] = ref["time"].astype(float)
+        table = {tuple(r[k] for k in keys): float(r["simulation"]) for _, r in ref.iterrows()}
+        try:
+            b = np.array([table[tuple(r[k] for k in keys)] for _, r in ours.iterrows()])
+        except KeyError:
+            return None
+    a = ours["simulation"].to_numpy()
     diff = float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6 * np.max(np.abs(b)))))
     problem = petab.Problem.from_yaml(problem_yaml(folder))
     meas = problem.measurement_df.reset_index(drop=True)
