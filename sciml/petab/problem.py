@@ -23,6 +23,7 @@ How the format maps onto the public machinery:
 import math
 import os
 import re
+from dataclasses import replace
 
 import numpy as np
 import yaml
@@ -517,7 +518,11 @@ class PetabProblem:
         taken = set(self.params) | set(sb.initial) | set(states) | set(self.entity)
         for e in rhs + obs_e + sig_e:
             taken |= {q.name for q in e.free_symbols}
-        self._switches = Switches(rhs + obs_e + sig_e, state_syms, taken)
+        events = [replace(ev, trigger=sb.expand(ev.trigger),
+                          assign={v: sb.expand(e) for v, e in ev.assign.items()})
+                  for ev in sb.events]
+        self._switches = Switches(rhs + obs_e + sig_e, state_syms, taken, events, sb.path,
+                                  states)
         rhs = [self._switches.replace(e) for e in rhs]
         obs_e = [self._switches.replace(e) for e in obs_e]
         sig_e = [self._switches.replace(e) for e in sig_e]
@@ -530,7 +535,8 @@ class PetabProblem:
             free |= e.free_symbols
         free -= state_syms | {TIME} | set(out_sym)
         self._u0_names = [f"u0_{s}" for s in states]
-        mech = sorted({s.name for s in free} | set(self._switches.times)) + self._u0_names
+        mech = sorted({s.name for s in free} | set(self._switches.parameters)) + \
+            self._u0_names
         if len(set(self._u0_names) & (set(sorted(s.name for s in free)) | set(states))):
             raise PetabError(f"{self.sbml.path}: an entity is named like an initial value "
                              f"(u0_<state>); rename it")

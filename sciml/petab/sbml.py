@@ -2,9 +2,10 @@
 
 Read: compartments, species, parameters, reactions (kinetic laws with local
 parameters, constant stoichiometry), assignment rules (substituted), rate
-rules (their targets become states), initial assignments. Refused, with the
-element named: events, algebraic rules, delays, constraints-free constructs that
-change the model's structure (fast reactions, variable stoichiometry).
+rules (their targets become states), initial assignments, events (read here;
+`sciml.petab.switches` runs those triggered at a time). Refused, with the element
+named: algebraic rules, delays, constraints, and constructs that change the model's
+structure (fast reactions, variable stoichiometry).
 """
 
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class SBMLModel:
     initial: dict
     constants: list
     assignments: dict
+    events: list
 
     def expand(self, expr):
         """`expr` with assignment-rule targets replaced by their formulas (to a fixed point)."""
@@ -152,11 +154,9 @@ def read_sbml(path):
     m = doc.getModel()
     if m is None:
         raise PetabError(f"{path}: the SBML document has no <model>")
-    for kind, n in (("event", m.getNumEvents()), ("constraint", m.getNumConstraints())):
-        if n:
-            el = m.getEvent(0) if kind == "event" else m.getConstraint(0)
-            raise PetabError(f"{path}: SBML {kind} {el.getId() or '#1'!r} is not supported "
-                             f"({n} {kind}(s) in the model)")
+    if m.getNumConstraints():
+        raise PetabError(f"{path}: SBML constraint {m.getConstraint(0).getId() or '#1'!r} is "
+                         f"not supported ({m.getNumConstraints()} constraint(s) in the model)")
     functions = {}
     for i in range(m.getNumFunctionDefinitions()):
         fd = m.getFunctionDefinition(i)
@@ -239,6 +239,41 @@ def read_sbml(path):
             constants.remove(var)
     for sid in list(rhs):
         if symbol(sid) in assignments:
-            raise PetabError(f"{path}: species {sid!r} has an assignment rule and reactions")
+            if rhs[sid] != 0:
+                raise PetabError(f"{path}: species {sid!r} has an assignment rule and "
+                                 "reactions that change it")
+            del rhs[sid]  # its rule gives its value: not a state
+            constants.append(sid)
     states = [s for s in species if s in rhs] + [v for v in rhs if v not in species]
-    return SBMLModel(str(path), states, rhs, initial, constants, assignments)
+    events = [_event(path, math, e, k) for k, e in enumerate(m.getListOfEvents())]
+    return SBMLModel(str(path), states, rhs, initial, constants, assignments, events)
+
+
+def _event(path, math, e, k):
+    """An SBML event as ``(id, trigger, {variable: value})`` in sympy; what cannot be read
+    (delays, priorities) is refused by name."""
+    eid = e.getId() or f"#{k + 1}"
+    where = f"SBML event {eid!r}"
+    if e.isSetDelay():
+        raise PetabError(f"{path}: {where} has a delay, which is not supported")
+    if e.isSetPriority():
+        raise PetabError(f"{path}: {where} has a priority, which is not supported")
+    trig = e.getTrigger()
+    if trig is None or trig.getMath() is None:
+        raise PetabError(f"{path}: {where} has no trigger")
+    cond = math(trig.getMath(), f"the trigger of {where}")
+    assign = {a.getVariable(): math(a.getMath(), f"an assignment of {where}")
+              for a in e.getListOfEventAssignments()}
+    return SBMLEvent(eid, cond, assign, bool(trig.getInitialValue()),
+                     bool(trig.getPersistent()))
+
+
+@dataclass
+class SBMLEvent:
+    """An event: when `trigger` becomes true, each variable of `assign` takes its value."""
+
+    id: str
+    trigger: object
+    assign: dict
+    initial_value: bool
+    persistent: bool

@@ -19,6 +19,7 @@ import numpy as np
 import sympy
 
 from ..problem import Change
+from .errors import PetabError
 from .sbml import TIME, symbol
 
 __all__ = ["Switches"]
@@ -38,7 +39,7 @@ class Switches:
         placeholder: simulations set it).
     """
 
-    def __init__(self, exprs, states, taken):
+    def __init__(self, exprs, states, taken, events=(), path="", state_names=()):
         rels = set()
         for e in exprs:
             rels |= {r for r in e.atoms(sympy.core.relational.Relational)
@@ -65,9 +66,53 @@ class Switches:
             # the condition as the sign of a (t - tau), tested by its own relation
             self._conds.append((float(a), type(r)))
             self._of_flag.append(tau_name[tau])
+        self.events = []  # (time parameter, {variable: number or parameter name})
+        for ev in events:
+            self._event(ev, states, set(state_names), taken, tau_name, path)
+
+    def _event(self, ev, states, state_names, taken, tau_name, path):
+        """An SBML event triggered at a time: a change of the parameters it assigns."""
+        where = f"{path}: SBML event {ev.id!r}"
+        r = ev.trigger
+        rising = (sympy.StrictGreaterThan, sympy.GreaterThan)
+        falling = (sympy.StrictLessThan, sympy.LessThan)
+        if not isinstance(r, rising + falling) or TIME not in r.free_symbols \
+                or r.free_symbols & states:
+            raise PetabError(f"{where}: its trigger ({r}) is not a time threshold "
+                             "(time >= t); state-dependent events are not supported yet")
+        g = sympy.expand(r.lhs - r.rhs)
+        a = g.diff(TIME)
+        if not a.is_number or a == 0 or (float(a) > 0) != isinstance(r, rising):
+            raise PetabError(f"{where}: its trigger ({r}) never becomes true as time passes")
+        tau = sympy.simplify(-(g - a * TIME) / a)
+        if tau not in tau_name:
+            name = _fresh(f"switch_time_{len(tau_name)}", taken)
+            tau_name[tau] = name
+            self.times.append(name)
+            self.synthetic[name] = tau
+        values = {}
+        for var, e in ev.assign.items():
+            if var in state_names:
+                raise PetabError(f"{where} assigns the state {var!r}, which is not supported "
+                                 "yet (only parameters and constant species)")
+            if e.free_symbols & states:
+                raise PetabError(f"{where}: the value of {var!r} depends on the state")
+            if e.is_number:
+                values[var] = float(e)
+            else:
+                name = _fresh(f"event_value_{len(self.synthetic)}", taken)
+                self.synthetic[name] = e
+                values[var] = name
+        self.events.append((tau_name[tau], values))
 
     def __bool__(self):
-        return bool(self.flags)
+        return bool(self.flags or self.events)
+
+    @property
+    def parameters(self):
+        """The new parameters the model needs beside its own symbols."""
+        return list(self.times) + [v for _, vals in self.events for v in vals.values()
+                                   if isinstance(v, str)]
 
     def replace(self, e):
         """`e` with each switching condition replaced by its flag."""
@@ -106,6 +151,10 @@ class Switches:
             if upd:
                 name = next(n for n, t in taus.items() if t == bounds[k])
                 changes.append(Change(name, upd))
+        for name, values in self.events:
+            mine = {v: x for v, x in values.items() if v in mech}  # (unused ones: no-ops)
+            if t0 < taus[name] < tf and mine:
+                changes.append(Change(name, mine))
         return theta, changes
 
     def at(self, theta, t):

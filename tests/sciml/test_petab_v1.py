@@ -129,15 +129,25 @@ _SBML = """<?xml version="1.0" encoding="UTF-8"?>
           <ci>tau</ci></apply></piece><otherwise><cn>0</cn></otherwise></piecewise></apply>
         <apply><times/><ci>k</ci><ci>x</ci></apply></apply></math></rateRule>
     </listOfRules>
+    EVENTS
   </model>
 </sbml>
 """
 
+_EVENT = """<listOfEvents><event id="boost" useValuesFromTriggerTime="true">
+      <trigger initialValue="true" persistent="true"><math xmlns="http://www.w3.org/1998/Math/MathML">
+        <apply><geq/><csymbol encoding="text"
+          definitionURL="http://www.sbml.org/sbml/symbols/time">t</csymbol><cn>3.2</cn></apply>
+      </math></trigger>
+      <listOfEventAssignments><eventAssignment variable="k"><math
+        xmlns="http://www.w3.org/1998/Math/MathML"><apply><times/><cn>2</cn><ci>a</ci></apply>
+      </math></eventAssignment></listOfEventAssignments></event></listOfEvents>"""
 
-def _switch_problem(tmp_path):
+
+def _switch_problem(tmp_path, events=""):
     d = tmp_path / "switch"
     d.mkdir()
-    (d / "model.xml").write_text(_SBML)
+    (d / "model.xml").write_text(_SBML.replace("EVENTS", events))
     (d / "conditions.tsv").write_text("conditionId\nc0\n")
     (d / "observables.tsv").write_text(
         "observableId\tobservableFormula\tnoiseFormula\nobs_x\tx\t0.1\n")
@@ -171,3 +181,31 @@ def test_time_switch_with_an_estimated_switching_time(tmp_path):
     fd = [(tight.llh(pp.nominal + e) - tight.llh(pp.nominal - e)) / 2e-6
           for e in np.eye(3) * 1e-6]
     np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
+def test_sbml_event_at_a_time(tmp_path):
+    yaml, t = _switch_problem(tmp_path, _EVENT)   # k := 2 a at t = 3.2
+    pp = sciml.petab.load(yaml)
+    a, k, tau = 1.0, 0.5, 2.0
+    x_tau = a / k * (1 - np.exp(-k * tau))
+    x_ev = x_tau * np.exp(-k * (3.2 - tau))
+    x = np.where(t < tau, a / k * (1 - np.exp(-k * t)),
+                 np.where(t < 3.2, x_tau * np.exp(-k * (t - tau)),
+                          x_ev * np.exp(-2 * a * (t - 3.2))))
+    r = ((0.5 + 0.1 * t) - x) / 0.1
+    ref = -np.sum(0.5 * np.log(2 * np.pi * 0.01) + 0.5 * r ** 2)
+    assert pp.llh(pp.nominal) == pytest.approx(ref, rel=1e-7)
+    _, g = pp.llh_and_grad(pp.nominal)
+    tight = sciml.petab.load(yaml, rtol=1e-11, atol=1e-13)
+    fd = [(tight.llh(pp.nominal + e) - tight.llh(pp.nominal - e)) / 2e-6
+          for e in np.eye(3) * 1e-6]
+    np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
+def test_state_triggered_event_is_refused_by_name(tmp_path):
+    ev = _EVENT.replace('<csymbol encoding="text"\n          definitionURL='
+                        '"http://www.sbml.org/sbml/symbols/time">t</csymbol>', "<ci>x</ci>")
+    assert ev != _EVENT
+    yaml, _ = _switch_problem(tmp_path, ev)
+    with pytest.raises(PetabError, match="event 'boost'.*state-dependent events"):
+        sciml.petab.load(yaml)
