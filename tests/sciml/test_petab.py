@@ -274,7 +274,7 @@ def test_unsupported_sbml_names_the_element(case001):
              'variable="prey"><math xmlns="http://www.w3.org/1998/Math/MathML"><cn> 1 </cn>'
              '</math></eventAssignment></listOfEventAssignments></event></listOfEvents>')
     _edit(case001 / "lv.xml", "</listOfReactions>", "</listOfReactions>" + event)
-    with pytest.raises(PetabError, match=r"lv.xml: SBML event 'kick' is not supported"):
+    with pytest.raises(PetabError, match=r"lv.xml: SBML event 'kick' assigns the state 'prey'"):
         sciml.petab.load(str(case001 / "problem.yaml"))
 
 
