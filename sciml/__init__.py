@@ -7,6 +7,7 @@ one of the solvers (`Tsit5` by default) in one compiled loop.
 """
 
 from .data import Data
+from .events import Event
 from .fit import LBFGS, FitResult, FitWarning, fit
 from .gradient import loss_and_grad, loss_value
 from .losses import SSE, GaussianNLL
@@ -23,7 +24,7 @@ from .solvers.tableaus import ButcherTableau
 from .steady import SteadyState, SteadyStateResult, steady_state
 
 __all__ = [
-    "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "Change", "solve", "Solution",
+    "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "Change", "Event", "solve", "Solution",
     "SolveWarning", "Solver", "Tsit5", "DP5", "BS3", "Vern7", "RK4", "Euler", "Rodas5",
     "ModelError", "ExplicitRK", "ButcherTableau", "Data", "SSE", "GaussianNLL",
     "loss_and_grad", "loss_value", "Population",

@@ -28,7 +28,7 @@ from ._validate import (
 from .data import Data
 from .losses import SSE, Loss
 from .problem import ODEProblem, problem_list
-from .segments import segment_problem, segments
+from .segments import doses_in, piece_problem, segment_problem, segments
 from .solution import SolveWarning
 from .solvers import common
 from .solvers.base import Solver
@@ -128,6 +128,12 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
                                 atol, params, 1, max_steps, dt, need_adaptive=False)
     total = 0.0
     for job, d in jobs:
+        if job.prob.events:
+            v = _with_events(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
+            if isinstance(v, str):
+                return np.inf
+            total += v
+            continue
         if job.prob.changes:
             v = _segmented(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
             if isinstance(v, str):
@@ -328,6 +334,10 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
         raise TypeError(f"loss_and_grad: `solver` must be a sciml solver such as sciml.Tsit5() "
                         f"or sciml.Rodas5(), got {solver!r}")
     changes = any(p.changes for p in probs)
+    for i, p in enumerate(probs):
+        if p.changes and p.events:
+            raise ValueError(f"loss_and_grad: prob[{i}] has both events and parameter changes, "
+                             "which is not supported yet")
     if sensealg is None:
         sensealg = adjoints.default_sensealg(model, solver)
         if changes and isinstance(sensealg, adjoints.ForwardSensitivity):
@@ -393,6 +403,8 @@ def _loss(job, data, loss, U, kern):
 
 
 def _one(job, data, loss, sensealg):
+    if job.prob.events:
+        return _with_events(job, data, loss, sensealg)
     if job.prob.changes:
         return _segmented(job, data, loss, sensealg)
     try:
@@ -492,3 +504,87 @@ def _segment_loss(job, data, loss, U, segs, rows, states):
             G[idx] = Gk
             seg.pull_back(pk, pobs)
     return value, G, pobs if pdir is None else pobs + pdir
+
+
+def _with_events(job, data, loss, sensealg, grad=True):
+    """`_one` for a problem with events (`sciml.events`): the pieces between them located
+    at ``job.p``, solved in turn, the loss on all observations, then the backward passes in
+    reverse with the adjoint's jump at each event (forward sensitivities jump forward)."""
+    from .events import Carried, jump, run_events
+
+    prob, model, n = job.prob, job.model, job.n
+    pieces, msg = run_events(prob, job.solver, job.p, job.rtol, job.atol, job.dt,
+                             job.max_steps)
+    if msg:
+        return msg, None
+    bound = [ev.bound(model) for ev in prob.events]
+    forward = isinstance(sensealg, adjoints.ForwardSensitivity)
+    obs = job.obs_t
+    end = pieces[-1]
+    if end.fired and obs[-1] > end.t1:
+        raise ValueError(f"loss_and_grad: observations after the terminal event at t = "
+                         f"{end.t1:g} (the last at {obs[-1]:g})")
+    jobs, states, rows, jumps = [], [], [], []
+    u0 = None
+    try:
+        for k, pc in enumerate(pieces):
+            q = piece_problem(prob, (pc.t0, pc.t1), job.p, _piece_doses(prob, pc, k), u0)
+            last = k == len(pieces) - 1
+            idx = np.flatnonzero((obs >= pc.t0) & ((obs < pc.t1) | (last & (obs <= pc.t1))))
+            t_k = obs[idx] if not pc.fired else np.append(obs[idx], pc.t1)
+            jk = replace(job, prob=q, sched=common.schedule(q), obs_t=t_k)
+            st = sensealg.forward(jk) if grad else adjoints._forward.values(jk)
+            if st.status != 0:
+                raise adjoints.SolveFailed(f"the forward solve of piece {k} stopped at t = "
+                                           f"{st.t_end:g}")
+            jobs.append(jk), states.append(st), rows.append(idx)
+            if pc.fired:
+                J = jump(model, bound, pc.fired, np.array(st.u[-1]), job.p, pc.t1)
+                jumps.append(J)
+                u_plus = pc.u_plus
+                if forward and grad and not last:
+                    Au, Ap, At, g_u, g_p, den, fm, fp = J
+                    S = st.S[-1]
+                    dtau = -(g_u @ S + g_p) / den
+                    u0 = Carried(u_plus, Au @ S + Ap + np.outer(Au @ fm + At - fp, dtau))
+                else:
+                    u0 = u_plus
+    except adjoints.SolveFailed as e:
+        return str(e), None
+    U = np.empty((obs.shape[0], n))
+    for st, idx in zip(states, rows):
+        U[idx] = st.u[:idx.shape[0]]
+    value, G, pdir = _loss(job, data, loss, U, states[0].sys.m.kern)
+    if not grad:
+        return value, None
+    g = np.zeros(job.n_params)
+    w = None
+    try:
+        for k in range(len(pieces) - 1, -1, -1):
+            jk, idx = jobs[k], rows[k]
+            Gk = np.zeros((jk.obs_t.shape[0], n))
+            Gk[:idx.shape[0]] = G[idx]
+            if w is not None:
+                Gk[-1] += w
+            gk, w = sensealg.backward(jk, states[k], Gk)
+            g += gk
+            if k > 0 and not forward:  # the adjoint across the event before this piece
+                Au, Ap, At, g_u, g_p, den, fm, fp = jumps[k - 1]
+                dtau = w @ (Au @ fm + At - fp)
+                g += Ap.T @ w - g_p * dtau / den
+                w = Au.T @ w - g_u * dtau / den
+    except adjoints.SolveFailed as e:
+        return str(e), None
+    if pdir is not None:
+        g = g + pdir
+    if w is not None and prob.u0_function is not None:
+        g = g + prob.initial_vjp(job.p, w)
+    return value, g
+
+
+def _piece_doses(prob, pc, k):
+    """The single doses of a piece: boluses at its start only for the first."""
+    from .problem import Bolus
+
+    return tuple(d for d in doses_in(prob.doses, pc.t0, pc.t1, not pc.fired)
+                 if not isinstance(d, Bolus) or d.time > pc.t0 or k == 0)

@@ -322,6 +322,10 @@ def _max_steps(max_steps):
 
 
 def _problem_arrays(prob, ts):
+    if prob.events or prob.changes:
+        raise ValueError("sciml.jax: problems with events (sciml.Event) or parameter changes "
+                         "(sciml.Change) are not supported on the JAX backend yet; use "
+                         "sciml.solve / sciml.loss_and_grad")
     """The arrays one trajectory needs: the dose schedule and the save times.
 
     ``seg[j]`` is the segment that saves ``ts[j]``: the k with

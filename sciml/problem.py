@@ -236,19 +236,24 @@ class ODEProblem:
     doses : sequence of Bolus / Infusion, optional
     tstops : sequence of float, optional
         Extra times the integrator must land on exactly.
+    events : sequence of Event, optional
+        State-dependent events (`sciml.Event`): roots of a condition that change the
+        state or stop the solve.
     changes : sequence of Change, optional
         Parameters that change within the solve; the integration stops at each change
         and continues from the state reached with the new values (`sciml.Change`).
     """
 
-    def __init__(self, model, u0, tspan, params, doses=(), tstops=(), changes=()):
+    def __init__(self, model, u0, tspan, params, doses=(), tstops=(), changes=(), events=()):
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "_u0_fn", None)
         object.__setattr__(self, "changes", ())
+        object.__setattr__(self, "events", ())
         self.params = params
         self.u0, self.tspan = u0, tspan
         self.doses, self.tstops = doses, tstops
         self.changes = changes
+        self.events = events
 
     @property
     def u0(self):
@@ -269,7 +274,7 @@ class ODEProblem:
         # follow `doses` and `tstops`.
         model = self.model
         if name == "u0":
-            if getattr(value, "is_steady_state", False):  # sciml.SteadyState
+            if getattr(value, "is_initial_state", False):  # sciml.SteadyState, a carried state
                 for k, v in (("_u0_fn", value), ("_u0_trace", None), ("_u0_table", None),
                              ("_u0", None), ("_plain", False)):
                     object.__setattr__(self, k, v)
@@ -288,7 +293,7 @@ class ODEProblem:
             object.__setattr__(self, "_u0", value)
             if "dose_arrays" in self.__dict__:
                 object.__setattr__(self, "_plain", self.dose_arrays.tstops.size == 0
-                                   and not self.changes)
+                                   and not self.changes and not self.events)
             return
         if name == "params":
             value = float_vector(value, model.n_params, "ODEProblem", "params",
@@ -310,6 +315,12 @@ class ODEProblem:
             value = tuple(float(t) for t in np.ravel(np.asarray(value, dtype=np.float64)))
         elif name == "changes":
             value = _check_changes(tuple(value), model, self.__dict__.get("tspan"))
+        elif name == "events":
+            value = tuple(value)
+            for k, ev in enumerate(value):
+                if not getattr(ev, "is_event", False):
+                    raise TypeError(f"ODEProblem: `events[{k}]` must be a sciml.Event, got "
+                                    f"{ev!r}")
         object.__setattr__(self, name, value)
         if name in ("doses", "tstops") and "doses" in self.__dict__ and "tstops" in self.__dict__:
             arrays = dose_arrays(self.doses, model.states, self.tstops)
@@ -317,8 +328,8 @@ class ODEProblem:
             object.__setattr__(self, "dose_arrays", arrays)
             # No doses, no tstops, u0 an array: `sciml.solve` may take its lean path.
             object.__setattr__(self, "_plain", arrays.tstops.size == 0 and self._u0_fn is None
-                               and not self.changes)
-        if name == "changes" and value and "doses" in self.__dict__:
+                               and not self.changes and not self.events)
+        if name in ("changes", "events") and value and "doses" in self.__dict__:
             object.__setattr__(self, "_plain", False)
 
     def kernel_table(self, *needs):
@@ -336,8 +347,8 @@ class ODEProblem:
         """A new array holding the initial state for the flat parameters ``params``."""
         if self._u0_fn is None:
             return self._u0.copy()
-        if self._u0_table is None:  # a steady state
-            return self._u0_fn.result(self, np.asarray(params, dtype=np.float64)).u.copy()
+        if self._u0_table is None:  # a steady state, or a state carried from elsewhere
+            return self._u0_fn.state(self, np.asarray(params, dtype=np.float64))
         table = self.kernel_table()
         z = np.empty(self.model.n_states)
         call(table, "init", (z, z, params), 0.0, self.model.workspace())
@@ -366,13 +377,14 @@ class ODEProblem:
         return np.stack([self.initial_vjp(params, e) for e in np.eye(n)]) if n else \
             np.zeros((0, npar))
 
-    def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None, changes=None):
+    def remake(self, u0=None, tspan=None, params=None, doses=None, tstops=None, changes=None,
+               events=None):
         """A copy with some fields replaced (the model, and initial values traced from a
         function, are shared: nothing is traced again)."""
         q = ODEProblem.__new__(ODEProblem)
         q.__dict__.update(self.__dict__)
         for name, v in (("u0", u0), ("tspan", tspan), ("params", params), ("doses", doses),
-                        ("tstops", tstops), ("changes", changes)):
+                        ("tstops", tstops), ("changes", changes), ("events", events)):
             if v is not None:
                 setattr(q, name, v)  # validated as in __init__
         return q
@@ -382,7 +394,7 @@ class ODEProblem:
         # again in the new process (their kernel table holds this process's addresses).
         u0 = self._u0_fn if self._u0_fn is not None else self._u0
         return (ODEProblem, (self.model, u0, self.tspan, self.params, self.doses,
-                             self.tstops, self.changes))
+                             self.tstops, self.changes, self.events))
 
     def __repr__(self):
         u0 = "u0=<function>" if self._u0_fn is not None else f"u0={self._u0.tolist()}"

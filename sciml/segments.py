@@ -19,7 +19,7 @@ import numpy as np
 
 from .problem import Bolus, Infusion, ODEProblem
 
-__all__ = ["Segment", "segments", "segment_problem"]
+__all__ = ["Segment", "segments", "segment_problem", "piece_problem", "doses_in"]
 
 
 @dataclass
@@ -79,11 +79,11 @@ def segments(prob, params):
         lo, hi = bounds[k], bounds[k + 1]
         last = k == len(bounds) - 2
         out.append(Segment((lo, hi), value.copy(), source.copy(),
-                           _doses_in(prob.doses, lo, hi, last), tp))
+                           doses_in(prob.doses, lo, hi, last), tp))
     return out
 
 
-def _doses_in(doses, lo, hi, last):
+def doses_in(doses, lo, hi, last):
     """The single doses of `doses` given in ``[lo, hi)`` (``[lo, hi]`` for the last
     segment); infusions that overlap it, cut to it."""
     out = []
@@ -102,13 +102,20 @@ def _doses_in(doses, lo, hi, last):
 def segment_problem(prob, seg, u0):
     """The `ODEProblem` of one segment: from `u0` (the problem's own initial values for
     the first), over its span, with its parameters and doses."""
+    return piece_problem(prob, seg.tspan, seg.p, seg.doses, u0)
+
+
+def piece_problem(prob, tspan, p, doses, u0):
+    """`prob` as a plain problem over `tspan` (no changes, no events) with parameters `p`,
+    the single doses `doses` (inside the span) and, unless None, the initial state `u0`."""
     q = ODEProblem.__new__(ODEProblem)
     q.__dict__.update(prob.__dict__)  # traced initial values shared
     object.__setattr__(q, "changes", ())
-    q.doses = seg.doses  # (in the segment: valid for the new span set next)
-    q.tstops = [t for t in prob.tstops if seg.tspan[0] < t < seg.tspan[1]]
-    q.tspan = seg.tspan
-    q.params = seg.p
+    object.__setattr__(q, "events", ())
+    q.doses = doses  # (inside the span: valid for the new span set next)
+    q.tstops = [t for t in prob.tstops if tspan[0] < t < tspan[1]]
+    q.tspan = tspan
+    q.params = p
     if u0 is not None:
         q.u0 = u0
     return q

@@ -56,6 +56,9 @@ class Solution:
 
     _dense = None
     _observables = None
+    #: the times of the events that fired and which event each was (`sciml.Event`)
+    t_events = np.zeros(0)
+    i_events = np.zeros(0, dtype=np.int64)
 
     def __init__(self, prob, solver, raw, redo=None):
         self._set(prob, solver, raw.t, raw.u, int(raw.status), float(raw.t_end),

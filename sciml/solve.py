@@ -22,6 +22,7 @@ from ._validate import (
     lean_atol,
     saveat_times,
 )
+from .events import run_events
 from .problem import ODEProblem, problem_list
 from .segments import segment_problem, segments
 from .solution import Solution, SolveWarning, _Redo, lean_solution
@@ -133,6 +134,16 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
     store = bool(dense) if dense is not None else saveat is None
     lazy = dense is None and not store
     threads = Threads(threads)  # checked for one problem too
+    if not many and probs[0].events:
+        if probs[0].changes:
+            raise ValueError("solve: a problem with both events and parameter changes is not "
+                             "supported yet")
+        if dense:
+            raise ValueError("solve: dense output (`dense=True`) is not available for a "
+                             "problem with events yet; pass the times as `saveat`")
+        sol = _solve_events(solver, probs[0], saveats[0], rtol, atols[0], dt, max_steps)
+        _warn_if_failed(sol, None, 4)
+        return sol
     if not many and probs[0].changes:
         if dense:
             raise ValueError("solve: dense output (`dense=True`) is not available for a "
@@ -141,7 +152,7 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
                                                        atols[0], dt, max_steps))
         _warn_if_failed(sol, None, 4)
         return sol
-    if many and any(p.changes for p in probs):
+    if many and any(p.changes or p.events for p in probs):
         return [_solve(p, solver, rtol, atol, saveat, dt, max_steps, dense, 1) for p in probs]
     if not many:
         raw = solver._run(probs[0], saveats[0], rtol, atols[0], dt, max_steps, store)
@@ -236,6 +247,49 @@ def _run_segments(solver, prob, saveat, rtol, atol, dt, max_steps):
             break
         u = np.array(raw.u[-1])
     return RawSolution(np.concatenate(ts), np.concatenate(us), status, t_end, stats, None)
+
+
+def _solve_events(solver, prob, saveat, rtol, atol, dt, max_steps):
+    """One problem with events (`sciml.events`): its pieces between events put together.
+    Saving every step, an event time appears twice, with the states before and after it
+    (as DifferentialEquations.jl saves them); a requested time on an event gets the state
+    after it."""
+    pieces, msg = run_events(prob, solver, prob.params, rtol, atol, dt, max_steps)
+    ts, us, stats = [], [], {}
+    for k, pc in enumerate(pieces):
+        raw = pc.raw
+        for key, v in raw.stats.items():
+            stats[key] = stats.get(key, 0) + v
+        end = not pc.fired
+        if saveat is None:
+            keep = raw.t <= pc.t1 if end else raw.t < pc.t1
+            ts.append(raw.t[keep]), us.append(raw.u[keep])
+            if not end:
+                ts.append(np.array([pc.t1])), us.append(pc.u_minus[None, :])
+        else:
+            last = end or k == len(pieces) - 1
+            mine = saveat[(saveat >= pc.t0) & ((saveat < pc.t1) | (end & (saveat <= pc.t1)))]
+            out = np.empty((mine.shape[0], raw.u.shape[1]))
+            if mine.size:
+                solver.interpolate(raw.dense, mine, out)
+            ts.append(mine), us.append(out)
+            if last and not end:  # a terminal event: the state after it, at its time
+                pass
+    n = prob.model.n_states
+    status = SUCCESS if not msg else (pieces[-1].raw.status if pieces and pieces[-1].raw
+                                      is not None and pieces[-1].raw.status else 3)
+    if msg and not pieces:
+        status = 3
+    t_end = pieces[-1].t1 if pieces and not msg else (pieces[-1].t1 if pieces else
+                                                          prob.tspan[0])
+    raw = RawSolution(np.concatenate(ts) if ts else np.zeros(0),
+                      np.concatenate(us) if us else np.zeros((0, n)), int(status), float(t_end),
+                      stats, None)
+    sol = Solution(prob, solver, raw)
+    fired = [(pc.t1, k) for pc in pieces for k in pc.fired]
+    sol.t_events = np.array([t for t, _ in fired], dtype=np.float64)
+    sol.i_events = np.array([k for _, k in fired], dtype=np.int64)
+    return sol
 
 
 def _check_solver(solver):

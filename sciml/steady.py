@@ -57,8 +57,13 @@ class SteadyState:
         self._cache = None
         self._pre = None
 
-    #: how `ODEProblem` recognises an initial state given this way
-    is_steady_state = True
+    #: how `ODEProblem` recognises an initial state given this way (with `state`,
+    #: `initial_vjp` and `initial_jacobian`)
+    is_initial_state = True
+
+    def state(self, prob, params):
+        """The steady state for `prob` at the flat `params` (a new array)."""
+        return self.result(prob, params).u.copy()
 
     def problem(self, prob):
         """The problem that equilibrates: `prob`'s model from this start (built once)."""

@@ -711,3 +711,41 @@ def trace_initial(fn, states, params, chains):
     if any(T in e.free_symbols for e in exprs):
         raise ModelError(f"{label}: initial values cannot depend on t")
     return Trace(exprs, tuple(calls), (), p_sym)
+
+
+def trace_event(condition, affect, states, params):
+    """Trace an event's ``condition(u, p, t)`` (one value) and ``affect(u, p, t)`` (a dict
+    of new values of the states it names) into ``(g, {state index: expression}, u
+    symbols, p symbols)`` over the states, the mechanistic parameters and t."""
+    u_sym, p_sym, u, p = _proxies(states, params)
+    out = []
+    for fn, what in ((condition, "condition"), (affect, "affect")):
+        if fn is None:
+            out.append(None)
+            continue
+        if not callable(fn):
+            raise TypeError(f"Event: `{what}` must be a function of (u, p, t), got {fn!r}")
+        name, where = _describe(fn)
+        label = f"event {what} `{name}`"
+        nargs = _arity(fn, (2, 3), label)
+        with _Context(label, where):
+            out.append(fn(*(u, p, Sym(T))[:nargs]))
+    g = _lift(out[0])
+    if g is None:
+        raise ModelError("Event: `condition` must return one number or traced expression (its "
+                         f"root is the event), got {type(out[0]).__name__}")
+    new = {}
+    if out[1] is not None:
+        if not isinstance(out[1], dict):
+            raise ModelError("Event: `affect` must return a dict of state name -> new value, "
+                             f"got {type(out[1]).__name__}")
+        for k, v in out[1].items():
+            if k not in states:
+                raise ModelError(f"Event: `affect` sets {k!r}, which is not a state "
+                                 f"({', '.join(states)})")
+            e = _lift(v)
+            if e is None:
+                raise ModelError(f"Event: `affect`'s value for {k!r} is not a number or a "
+                                 "traced expression")
+            new[states.index(k)] = e
+    return g, new, u_sym, p_sym

@@ -152,3 +152,15 @@ def test_stiff_solver_by_sciml_name(lv):
         js = sj.solve(lv, "Rodas5", rtol=1e-8, atol=1e-8, saveat=ts)
     ref = sciml.solve(lv, sciml.Tsit5(), rtol=1e-11, atol=1e-11, saveat=ts)
     np.testing.assert_allclose(js.u, ref.u, rtol=1e-6, atol=1e-7)
+
+
+def test_events_and_changes_are_refused_clearly():
+    def ball(u, p, t, nets):
+        return [u[1], -p.g]
+
+    m = sciml.Model(ball, states=["h", "v"], params=["g"])
+    ev = sciml.Event(lambda u, p, t: u.h, direction=-1)
+    for kw in ({"events": [ev]}, {"changes": [sciml.Change(0.5, {"g": 1.0})]}):
+        prob = sciml.ODEProblem(m, [1.0, 0.0], (0.0, 1.0), np.array([9.81]), **kw)
+        with pytest.raises(ValueError, match="not supported on the JAX backend"):
+            sj.solve(prob, saveat=np.linspace(0, 1, 5))
