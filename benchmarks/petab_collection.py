@@ -57,6 +57,10 @@ AMICI = {
 }
 
 
+#: forward sensitivities are not timed past this many (states x parameters)
+FORWARD_LIMIT = 20_000
+
+
 def problem_yaml(folder):
     """The model's PEtab problem file (the collection's test variants left out)."""
     ys = sorted(y for y in glob.glob(os.path.join(folder, "*.yaml"))
@@ -174,6 +178,10 @@ def run_model(name, folder, quick):
     for key, method in (("fwd", adjoints.ForwardSensitivity()), ("adj", adjoints.GaussAdjoint())):
         if type(method) is type(default):
             row[f"t_{key}"] = row["t_grad"]
+            continue
+        if key == "fwd" and pp.model.n_states * pp.model.n_params > FORWARD_LIMIT:
+            row["fwd_error"] = (f"not run: {pp.model.n_states} x {pp.model.n_params} "
+                                "sensitivities")
             continue
         try:
             pp.sensealg = method
