@@ -333,19 +333,12 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
     if not isinstance(solver, Solver):
         raise TypeError(f"loss_and_grad: `solver` must be a sciml solver such as sciml.Tsit5() "
                         f"or sciml.Rodas5(), got {solver!r}")
-    changes = any(p.changes for p in probs)
     for i, p in enumerate(probs):
         if p.changes and p.events:
             raise ValueError(f"loss_and_grad: prob[{i}] has both events and parameter changes, "
                              "which is not supported yet")
     if sensealg is None:
         sensealg = adjoints.default_sensealg(model, solver)
-        if changes and isinstance(sensealg, adjoints.ForwardSensitivity):
-            sensealg = adjoints.GaussAdjoint()
-    elif changes and isinstance(sensealg, adjoints.ForwardSensitivity):
-        raise ValueError("loss_and_grad: ForwardSensitivity does not carry sensitivities "
-                         "across parameter changes (sciml.Change) yet; use an adjoint "
-                         "method (adjoints.GaussAdjoint(), DiscreteAdjoint(), ...)")
     if not isinstance(sensealg, adjoints.SensitivityAlgorithm):
         raise TypeError(f"loss_and_grad: `sensealg` must be an adjoints method (e.g. "
                         f"adjoints.GaussAdjoint()), got {sensealg!r}")
@@ -424,14 +417,17 @@ def _segmented(job, data, loss, sensealg, grad=True):
     """`_one` for a problem with parameter changes: its segments (`sciml.segments`) solved
     in turn, the loss on all their observations, then the backward passes in reverse, each
     segment's adjoint at its start handed to the one before as a jump at its end."""
+    from .events import Carried
+
     prob, model, n = job.prob, job.model, job.n
     segs = segments(prob, job.p)
     obs = job.obs_t
+    forward = grad and isinstance(sensealg, adjoints.ForwardSensitivity)
     jobs, states, rows = [], [], []
-    u = None
+    u = u0 = None
     try:
         for k, seg in enumerate(segs):
-            q = segment_problem(prob, seg, u)
+            q = segment_problem(prob, seg, u0)
             lo, hi = seg.tspan
             last = k == len(segs) - 1
             idx = np.flatnonzero((obs >= lo) & ((obs < hi) | (last & (obs <= hi))))
@@ -441,8 +437,17 @@ def _segmented(job, data, loss, sensealg, grad=True):
             if st.status != 0:
                 raise adjoints.SolveFailed(f"the forward solve of segment {k} stopped at t = "
                                            f"{st.t_end:g}")
+            if forward:
+                _to_problem_columns(sensealg, jk, st, seg, u)
             jobs.append(jk), states.append(st), rows.append(idx)
             u = np.array(st.u[-1])
+            u0 = u
+            if forward and not last:
+                S = st.S[-1].copy()
+                nxt = segs[k + 1]
+                if nxt.time_param >= 0:  # the change moves with a parameter
+                    S[:, nxt.time_param] += model.rhs(u, seg.p, hi) - model.rhs(u, nxt.p, hi)
+                u0 = Carried(u, S)
     except adjoints.SolveFailed as e:
         return str(e), None
     U = np.empty((obs.shape[0], n))
@@ -461,6 +466,10 @@ def _segmented(job, data, loss, sensealg, grad=True):
             if w is not None:
                 Gk[-1] += w
             gk, w = sensealg.backward(jk, states[k], Gk)
+            if forward:  # S is over the problem's parameters already, nothing to hand back
+                g += gk
+                w = None
+                continue
             segs[k].pull_back(gk, g)
             if k > 0 and segs[k].time_param >= 0:  # the change moves with a parameter
                 tau, ub = segs[k].tspan[0], states[k - 1].u[-1]
@@ -473,6 +482,25 @@ def _segmented(job, data, loss, sensealg, grad=True):
     if w is not None and prob.u0_function is not None:
         g = g + prob.initial_vjp(job.p, w)
     return value, g
+
+
+def _to_problem_columns(sensealg, jk, st, seg, u_start):
+    """Forward sensitivities of a segment over the problem's parameters instead of the
+    segment's own: where a change set entry i (to a number, or to parameter j), the
+    segment's column i carries the forcing df/dp_i that belongs to no parameter (or to j).
+    That forcing's response from zero, P_i (one more forward solve, for those columns
+    only), is moved: S_i -= P_i (and S_j += P_i)."""
+    over = np.flatnonzero(seg.source != np.arange(seg.source.shape[0]))
+    if over.size == 0:
+        return
+    q = piece_problem(jk.prob, seg.tspan, seg.p, seg.doses, u_start)  # S0 = 0
+    P = sensealg.prepare(replace(jk, prob=q), cols=over)(seg.p).S
+    S = st.S.copy()
+    for c, i in enumerate(over):
+        S[:, :, i] -= P[:, :, c]
+        if seg.source[i] >= 0:
+            S[:, :, seg.source[i]] += P[:, :, c]
+    st.S = S
 
 
 def _segment_loss(job, data, loss, U, segs, rows, states):

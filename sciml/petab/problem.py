@@ -86,9 +86,7 @@ class PetabProblem:
         (see `DEFAULT_SENSEALG`), else `adjoints.default_sensealg`'s choice for the model
         and solver (`GaussAdjoint` with Rodas5 beyond 16 model parameters: forward
         sensitivities cost n_states x n_params extra states, 40x the adjoint's time on
-        Alkan_SciSignal2018's 73 conditions). A simulation with time switches inside its
-        span runs `GaussAdjoint` where `ForwardSensitivity` is asked for (forward
-        sensitivities do not cross parameter changes yet).
+        Alkan_SciSignal2018's 73 conditions).
     rtol, atol : float
         Tolerances of the solves (default 1e-8, 1e-10).
 
@@ -855,11 +853,8 @@ class PetabProblem:
                 if grad:
                     self._theta_vjp(sim, g, tape, gz, gW)
             elif grad:
-                sa = self.sensealg
-                if prob.changes and isinstance(sa, adjoints.ForwardSensitivity):
-                    sa = adjoints.GaussAdjoint()  # forward sensitivities stop at changes
                 v, g = loss_and_grad(prob, sim["data"], loss=_LOSS, solver=self.solver,
-                                     sensealg=sa, rtol=self.rtol, atol=self.atol,
+                                     sensealg=self.sensealg, rtol=self.rtol, atol=self.atol,
                                      params=theta)
                 if not math.isfinite(v):
                     return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf

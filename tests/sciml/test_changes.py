@@ -1,6 +1,7 @@
 """Parameter changes within a solve (`sciml.Change`): the solution against its closed form,
 gradients against central finite differences for every adjoint method with Tsit5 and
-Rodas5 (a change whose time is a parameter, one that sets a number, doses across the
+Rodas5, forward sensitivities included (a change whose time is a parameter, one that sets
+a number, doses across the
 segments, observables under the changed parameters), and the errors."""
 
 import numpy as np
@@ -43,8 +44,8 @@ def test_solution_against_its_closed_form():
     np.testing.assert_allclose(every.u[:, 0], _closed_form(every.t), atol=1e-6)
 
 
-METHODS = [adjoints.GaussAdjoint, adjoints.DiscreteAdjoint, adjoints.InterpolatingAdjoint,
-           adjoints.BacksolveAdjoint, adjoints.QuadratureAdjoint]
+METHODS = [adjoints.ForwardSensitivity, adjoints.GaussAdjoint, adjoints.DiscreteAdjoint,
+           adjoints.InterpolatingAdjoint, adjoints.BacksolveAdjoint, adjoints.QuadratureAdjoint]
 
 
 @pytest.fixture(scope="module", params=["states", "observables"])
@@ -70,13 +71,11 @@ def test_gradient_across_changes(case, method, solver):
     np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-9 * np.max(np.abs(fd)))
 
 
-def test_default_method_and_forward_sensitivities():
+def test_default_method():
     prob = _problem()
     data = sciml.Data(t=TS, y=_closed_form(TS)[:, None])
-    v, g = sciml.loss_and_grad(prob, data, rtol=1e-10, atol=1e-12)  # not ForwardSensitivity
+    v, g = sciml.loss_and_grad(prob, data, rtol=1e-10, atol=1e-12)
     assert np.isfinite(v) and np.all(np.isfinite(g))
-    with pytest.raises(ValueError, match="ForwardSensitivity does not carry"):
-        sciml.loss_and_grad(prob, data, sensealg=adjoints.ForwardSensitivity())
 
 
 def test_errors_name_the_change():
