@@ -19,7 +19,7 @@ from ._forward import SolveFailed, State
 from .base import SensitivityAlgorithm
 from .kernels.systems import Sens
 
-__all__ = ["ForwardSensitivity"]
+__all__ = ["ForwardSensitivity", "full_sensitivities"]
 
 
 class ForwardSensitivity(SensitivityAlgorithm):
@@ -38,17 +38,22 @@ class ForwardSensitivity(SensitivityAlgorithm):
         controls u only (faster, gradient accuracy follows u's steps).
     rtol, atol : float, optional
         Tolerances of the augmented solve (default: the forward solve's).
+    params : sequence of int, optional
+        The flat parameters whose sensitivities are integrated (default: all); the
+        gradient is zero for the others. The cost follows their number: a PEtab
+        simulation needs only those its estimated parameters reach.
     """
 
-    def __init__(self, error_on_sensitivities=True, rtol=None, atol=None):
+    def __init__(self, error_on_sensitivities=True, rtol=None, atol=None, params=None):
         super().__init__(rtol, atol)
         self.error_on_sensitivities = bool(error_on_sensitivities)
+        self.params = None if params is None else np.array(params, dtype=np.int64).ravel()
 
     def needs(self, solver):
         return ("jac", "paramjac", "hvp") if solver.stiff else ("jac", "paramjac")
 
     def forward(self, job):
-        return self.prepare(job)(job.p)
+        return self.prepare(job, self.params)(job.p)
 
     def prepare(self, job, cols=None):
         """``run(p) -> State``: the augmented solve of ``job`` at parameters ``p``, with its
@@ -92,13 +97,24 @@ class ForwardSensitivity(SensitivityAlgorithm):
             st = State(np.ascontiguousarray(Z[:, :n]), 0, float(t_end), fsys, None, rec, 0,
                        z[:n])
             st.S = Z[:, n:].reshape(T, n, npar)
+            st.cols = cols
             return st
 
         return run
 
     def backward(self, job, state, G):
         # S carries du0/dp already: no dL/du0 left to pass on
-        return np.einsum("qi,qij->j", G, state.S), None
+        g = np.zeros(job.n_params)
+        g[state.cols] = np.einsum("qi,qij->j", G, state.S)
+        return g, None
+
+
+def full_sensitivities(state, n_params):
+    """A forward `State`'s S over every parameter (zeros where not integrated)."""
+    T, n, _ = state.S.shape
+    S = np.zeros((T, n, n_params))
+    S[:, :, state.cols] = state.S
+    return S
 
 
 def _initial_sensitivities(job, p):

@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 import adjoints  # attributes read at call time: `adjoints` imports sciml's core
+from adjoints.forward import full_sensitivities
 from adjoints.kernels import backward as _lean_kernels
 
 from ._jit import Threads
@@ -443,7 +444,7 @@ def _segmented(job, data, loss, sensealg, grad=True):
             u = np.array(st.u[-1])
             u0 = u
             if forward and not last:
-                S = st.S[-1].copy()
+                S = full_sensitivities(st, job.n_params)[-1]
                 nxt = segs[k + 1]
                 if nxt.time_param >= 0:  # the change moves with a parameter
                     S[:, nxt.time_param] += model.rhs(u, seg.p, hi) - model.rhs(u, nxt.p, hi)
@@ -491,16 +492,20 @@ def _to_problem_columns(sensealg, jk, st, seg, u_start):
     That forcing's response from zero, P_i (one more forward solve, for those columns
     only), is moved: S_i -= P_i (and S_j += P_i)."""
     over = np.flatnonzero(seg.source != np.arange(seg.source.shape[0]))
+    wanted = np.zeros(seg.source.shape[0], dtype=bool)
+    wanted[st.cols] = True  # only columns that are integrated, or feed one, need it
+    over = over[wanted[over] | ((seg.source[over] >= 0) & wanted[np.maximum(seg.source[over],
+                                                                            0)])]
     if over.size == 0:
         return
     q = piece_problem(jk.prob, seg.tspan, seg.p, seg.doses, u_start)  # S0 = 0
     P = sensealg.prepare(replace(jk, prob=q), cols=over)(seg.p).S
-    S = st.S.copy()
+    S = full_sensitivities(st, jk.n_params)
     for c, i in enumerate(over):
         S[:, :, i] -= P[:, :, c]
         if seg.source[i] >= 0:
             S[:, :, seg.source[i]] += P[:, :, c]
-    st.S = S
+    st.S = S[:, :, st.cols]
 
 
 def _segment_loss(job, data, loss, U, segs, rows, states):
@@ -572,7 +577,7 @@ def _with_events(job, data, loss, sensealg, grad=True):
                 u_plus = pc.u_plus
                 if forward and grad and not last:
                     Au, Ap, At, g_u, g_p, den, fm, fp = J
-                    S = st.S[-1]
+                    S = full_sensitivities(st, job.n_params)[-1]
                     dtau = -(g_u @ S + g_p) / den
                     u0 = Carried(u_plus, Au @ S + Ap + np.outer(Au @ fm + At - fp, dtau))
                 else:

@@ -33,6 +33,8 @@ class Outer:
         res = Resolver(pp, eid, changes, placeholders, set(o_all), measured, consts)
         theta_e = [res(symbol(p), f"model parameter {p!r}") for p in pp._mech]
         self.n_mech = len(theta_e)
+        # the model parameters the estimated ones reach (forward sensitivities need no more)
+        self.reached = [i for i, e in enumerate(theta_e) if e.free_symbols]
         self.T = _lambdify(z + o_all, theta_e)
         self.inputs = {}
         for n in self.pre:

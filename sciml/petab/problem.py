@@ -854,8 +854,8 @@ class PetabProblem:
                     self._theta_vjp(sim, g, tape, gz, gW)
             elif grad:
                 v, g = loss_and_grad(prob, sim["data"], loss=_LOSS, solver=self.solver,
-                                     sensealg=self.sensealg, rtol=self.rtol, atol=self.atol,
-                                     params=theta)
+                                     sensealg=self._method(sim), rtol=self.rtol,
+                                     atol=self.atol, params=theta)
                 if not math.isfinite(v):
                     return (-math.inf, np.full(len(x), np.nan)) if grad else -math.inf
                 self._theta_vjp(sim, g, tape, gz, gW)
@@ -867,6 +867,24 @@ class PetabProblem:
         if not grad:
             return -total + pv
         return -total + pv, -self._chain_back(np.asarray(x, float), gz, gW) + pg
+
+    def _method(self, sim):
+        """The sensitivity method for one simulation: forward sensitivities only for the
+        model parameters the estimated ones reach (the rest of a PEtab model's parameters,
+        its initial values among them, are fixed for the simulation)."""
+        sa = self.sensealg
+        if type(sa) is not adjoints.ForwardSensitivity or sa.params is not None:
+            return sa
+        m = sim.get("_method")
+        if m is None or m[0] is not sa:
+            reached = set(sim["outer"].reached)
+            for _, sl in sim["outer"].model_nets:
+                reached |= set(range(sl.start, sl.stop))
+            if sim.get("pre") is not None:
+                reached |= set(sim["pre"]["u0_idx"].tolist())
+            m = sim["_method"] = (sa, adjoints.ForwardSensitivity(
+                sa.error_on_sensitivities, sa.rtol, sa.atol, params=sorted(reached)))
+        return m[1]
 
     def _at_rest(self, sim, prob, theta, grad):
         """``(-llh, its gradient over the model parameters)`` of measurements at steady
