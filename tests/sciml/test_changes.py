@@ -87,3 +87,11 @@ def test_errors_name_the_change():
         sciml.Change(1.0, {})
     with pytest.raises(ValueError, match="dense output"):
         sciml.solve(_problem(), dense=True)
+
+
+def test_forward_sensitivities_of_some_parameters(case):
+    prob, data, fd = case
+    _, g = sciml.loss_and_grad(prob, data, sensealg=adjoints.ForwardSensitivity(params=[0, 3]),
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g[[0, 3]], fd[[0, 3]], rtol=1e-6)
+    np.testing.assert_array_equal(g[[1, 2]], 0.0)
