@@ -528,7 +528,7 @@ class PetabProblem:
         exprs = rhs + obs_e + sig_e
         for name in model_nets:
             exprs += [e for e in self._net_in[name] if not isinstance(e, tuple)]
-        free = set()
+        free = set(self._switches.symbols())
         for e in exprs:
             free |= e.free_symbols
         free -= state_syms | {TIME} | set(out_sym)
@@ -577,6 +577,12 @@ class PetabProblem:
 
         def f(u, p, t, nets):
             return bind(u, p, t, nets, rhs)
+
+        self._events = [_state_event(bind, py, g, direction, assign)
+                        for _, g, direction, assign in self._switches.state_events]
+        if self._events and (self._switches.flags or self._switches.events):
+            raise PetabError(f"{self.sbml.path}: SBML events triggered by the state together "
+                             "with switches or events in time are not supported yet")
 
         observables = {}
         for k, name in enumerate(obs_ids + sig_names):
@@ -768,7 +774,7 @@ class PetabProblem:
         tf = times[-1] if times[-1] > t0 else t0 + 1.0
         outer = Outer(self, eid, cids, changes, ph, {r[1] for r in rs})
         theta = outer.theta(*self._split_x(self.nominal))[0]
-        prob = ODEProblem(self.model, self._u0_fn, (t0, tf), theta)
+        prob = ODEProblem(self.model, self._u0_fn, (t0, tf), theta, events=self._events)
         return dict(experiment=eid, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer,
                     steady=steady)
 
@@ -1081,6 +1087,22 @@ def _python_names(ids):
         taken.add(n)
         out[i] = n
     return out
+
+
+def _state_event(bind, py, g, direction, assign):
+    """An SBML event triggered by the state as a `sciml.Event` over the model's names."""
+    from ..events import Event
+
+    names = list(assign)
+
+    def condition(u, p, t):
+        return bind(u, p, t, None, [g])[0]
+
+    def affect(u, p, t):
+        vals = bind(u, p, t, None, [assign[v] for v in names])
+        return {py[v]: x for v, x in zip(names, vals)}
+
+    return Event(condition, affect=affect, direction=direction)
 
 
 def _observable(bind, e):

@@ -67,6 +67,7 @@ class Switches:
             self._conds.append((float(a), type(r)))
             self._of_flag.append(tau_name[tau])
         self.events = []  # (time parameter, {variable: number or parameter name})
+        self.state_events = []  # (id, condition expression, direction, {state: expression})
         for ev in events:
             self._event(ev, states, set(state_names), taken, tau_name, path)
 
@@ -76,10 +77,22 @@ class Switches:
         r = ev.trigger
         rising = (sympy.StrictGreaterThan, sympy.GreaterThan)
         falling = (sympy.StrictLessThan, sympy.LessThan)
-        if not isinstance(r, rising + falling) or TIME not in r.free_symbols \
-                or r.free_symbols & states:
-            raise PetabError(f"{where}: its trigger ({r}) is not a time threshold "
-                             "(time >= t); state-dependent events are not supported yet")
+        if not isinstance(r, rising + falling):
+            raise PetabError(f"{where}: its trigger ({r}) is not one comparison (x < c, "
+                             "time >= t), which is not supported")
+        if r.free_symbols & states:  # a root of the state: a sciml.Event
+            for var in ev.assign:
+                if var not in state_names:
+                    raise PetabError(f"{where} is triggered by the state and assigns the "
+                                     f"parameter {var!r}, which is not supported (only "
+                                     "states)")
+            # the trigger becomes true as lhs - rhs rises through zero (>, >=) or falls
+            self.state_events.append((ev.id, sympy.expand(r.lhs - r.rhs),
+                                      +1 if isinstance(r, rising) else -1, dict(ev.assign)))
+            return
+        if TIME not in r.free_symbols:
+            raise PetabError(f"{where}: its trigger ({r}) depends on neither time nor the "
+                             "state")
         g = sympy.expand(r.lhs - r.rhs)
         a = g.diff(TIME)
         if not a.is_number or a == 0 or (float(a) > 0) != isinstance(r, rising):
@@ -107,6 +120,15 @@ class Switches:
 
     def __bool__(self):
         return bool(self.flags or self.events)
+
+    def symbols(self):
+        """The symbols the state events read (they must be model parameters or states)."""
+        out = set()
+        for _, g, _, assign in self.state_events:
+            out |= g.free_symbols
+            for e in assign.values():
+                out |= e.free_symbols
+        return out
 
     @property
     def parameters(self):

@@ -202,10 +202,41 @@ def test_sbml_event_at_a_time(tmp_path):
     np.testing.assert_allclose(g, fd, rtol=1e-6)
 
 
-def test_state_triggered_event_is_refused_by_name(tmp_path):
+def test_state_triggered_event_assigning_a_parameter_is_refused(tmp_path):
     ev = _EVENT.replace('<csymbol encoding="text"\n          definitionURL='
                         '"http://www.sbml.org/sbml/symbols/time">t</csymbol>', "<ci>x</ci>")
     assert ev != _EVENT
     yaml, _ = _switch_problem(tmp_path, ev)
-    with pytest.raises(PetabError, match="event 'boost'.*state-dependent events"):
+    with pytest.raises(PetabError, match="event 'boost' is triggered by the state and "
+                                         "assigns the parameter 'k'"):
         sciml.petab.load(yaml)
+
+
+def test_state_triggered_event(tmp_path):
+    # dx/dt = a - k x; when x rises through 1.5 it is reset to 0.5
+    rule = _SBML[_SBML.index("<listOfRules>"):_SBML.index("</listOfRules>")]
+    plain = ('<listOfRules><rateRule variable="x"><math xmlns="http://www.w3.org/1998/Math/'
+             'MathML"><apply><minus/><ci>a</ci><apply><times/><ci>k</ci><ci>x</ci></apply>'
+             '</apply></math></rateRule>')
+    ev = ('<listOfEvents><event id="reset" useValuesFromTriggerTime="true">'
+          '<trigger initialValue="true" persistent="true">'
+          '<math xmlns="http://www.w3.org/1998/Math/MathML"><apply><geq/><ci>x</ci>'
+          '<cn>1.5</cn></apply></math></trigger><listOfEventAssignments><eventAssignment '
+          'variable="x"><math xmlns="http://www.w3.org/1998/Math/MathML"><cn>0.5</cn></math>'
+          '</eventAssignment></listOfEventAssignments></event></listOfEvents>')
+    yaml, t = _switch_problem(tmp_path, ev)
+    model = tmp_path / "switch" / "model.xml"
+    model.write_text(model.read_text().replace(rule, plain))
+    pp = sciml.petab.load(yaml)
+    a, k = 1.0, 0.5
+    t1 = -np.log(1 - 1.5 * k / a) / k
+    x = np.where(t < t1, a / k * (1 - np.exp(-k * t)),
+                 a / k - (a / k - 0.5) * np.exp(-k * (t - t1)))
+    r = ((0.5 + 0.1 * t) - x) / 0.1
+    ref = -np.sum(0.5 * np.log(2 * np.pi * 0.01) + 0.5 * r ** 2)
+    assert pp.llh(pp.nominal) == pytest.approx(ref, rel=1e-7)
+    _, g = pp.llh_and_grad(pp.nominal)
+    tight = sciml.petab.load(yaml, rtol=1e-11, atol=1e-13)
+    fd = [(tight.llh(pp.nominal + e) - tight.llh(pp.nominal - e)) / 2e-6
+          for e in np.eye(3) * 1e-6]
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-8)
