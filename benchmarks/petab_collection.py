@@ -126,10 +126,16 @@ def fd_check(yaml, x, g, n_dirs, seed=0):
     rng = np.random.default_rng(seed)
     worst = 0.0
     h = 1e-4
+
+    def central(v, h):
+        return (tight.llh(x + h * v, prior=False) - tight.llh(x - h * v, prior=False)) / (2 * h)
+
     for _ in range(n_dirs):
         v = rng.standard_normal(len(x))
         v /= np.linalg.norm(v)
-        fd = (tight.llh(x + h * v, prior=False) - tight.llh(x - h * v, prior=False)) / (2 * h)
+        # Richardson's extrapolation of two central differences: the truncation error of
+        # one at h = 1e-4 is 3e-4 on the oscillating Borghans_BiophysChem1997
+        fd = (4 * central(v, h / 2) - central(v, h)) / 3
         worst = max(worst, abs(float(g @ v) - fd) / max(abs(fd), 1e-2))
     return worst
 
