@@ -37,7 +37,16 @@ Decisions (each also stated where it applies):
   where a column is not measured).
 - A covariate is read per subject; one that changes within a subject is
   taken at its first non-missing value with a warning (``time_varying=
-  "first"``, the default) or refused (``time_varying="error"``).
+  "first"``, the default) or refused (``time_varying="error"``). With
+  ``time_varying=True`` it becomes a step function of time
+  (`Subject.covariate_series`): ``interpolation="locf"`` (rxode2's default:
+  the value of the last record at or before t holds until the next record)
+  or ``"nocb"`` (NONMEM's: the value of the next record applies from the
+  previous record's time). Records with the covariate missing are skipped.
+  Through `covariate_params` / `Subject.with_params` a rule that copies the
+  covariate into a model parameter (``WT="WT"``) becomes `sciml.Change`
+  segments at the times the value changes, its value at the start in the
+  problem's params.
 - EVID 2 rows carry no dose and no observation; their times extend the
   default time span and their covariate values are read.
 - EVID 3/4 (reset) as a subject's first record just starts the record;
@@ -60,7 +69,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..problem import Bolus, Infusion, ODEProblem, check_dose_times
+from ..problem import Bolus, Change, Infusion, ODEProblem, check_dose_times
 from .observations import Data
 
 __all__ = ["Subject", "read_events"]
@@ -91,10 +100,16 @@ class Subject:
     covariates : dict
         Covariate name (as spelled in the table) -> value (float, or str for
         text columns such as ``sex``).
+        With ``read_events(time_varying=True)``: the values at the problem's start.
     occasion : int
         0, or the occasion number when ``reset="split"`` split the record.
     rows : tuple of str
         Where the subject's records are in the table (``line N`` / ``row L``).
+    covariate_series : dict
+        Only with ``read_events(time_varying=True)``: covariate name -> ``(times,
+        values)`` for each covariate that changes within the subject, a step function
+        (``values[j]`` from ``times[j]`` until ``times[j + 1]``; ``values[0]`` before
+        ``times[0]``), the interpolation (LOCF / NOCB) already applied.
     """
 
     id: object
@@ -103,6 +118,11 @@ class Subject:
     covariates: dict
     occasion: int = 0
     rows: tuple = field(default=(), repr=False)
+    covariate_series: dict = field(default_factory=dict, repr=False)
+
+    def covariates_at(self, t):
+        """The covariates in effect at time ``t`` (right-continuous at a change)."""
+        return _covariates_at(self.covariates, self.covariate_series, float(t))
 
     def params_with(self, theta=None, **rules):
         """A copy of ``theta`` with mechanistic parameters set from this subject's covariates.
@@ -121,6 +141,8 @@ class Subject:
         Returns
         -------
         ndarray, (model.n_params,)
+            With time-varying covariates (`covariate_series`), the parameters at the
+            problem's start: `with_params` adds the changes after it.
 
         Examples
         --------
@@ -135,10 +157,25 @@ class Subject:
         return _apply_rules(model, theta, rules, self.covariates, f"subject {self.id!r}")
 
     def with_params(self, theta=None, **rules):
-        """This subject with ``problem.params`` replaced by `params_with(theta, **rules)`."""
-        theta = self.params_with(theta, **rules)
-        return Subject(self.id, self.problem.remake(params=theta), self.data, self.covariates,
-                       self.occasion, self.rows)
+        """This subject with ``problem.params`` replaced by `params_with(theta, **rules)`.
+
+        Where a rule reads a time-varying covariate (`covariate_series`), the problem
+        also gets a `sciml.Change` at each time the rule's value changes (replacing
+        changes it had for the parameters these rules set); a callable rule whose value
+        changes with time is refused (a Change holds a number, which would cut the
+        gradient of the parameter it was computed from).
+        """
+        prob = self.problem
+        base = np.array(prob.params if theta is None else theta, dtype=np.float64)
+        theta = self.params_with(base, **rules)
+        changes = prob.changes
+        if self.covariate_series:
+            mine = _rule_changes(prob.model, base, rules, self.covariates,
+                                 self.covariate_series, prob.tspan, f"subject {self.id!r}")
+            changes = [c for c in (_without(c, rules) for c in changes) if c is not None]
+            changes += mine
+        return Subject(self.id, prob.remake(params=theta, changes=changes), self.data,
+                       self.covariates, self.occasion, self.rows, self.covariate_series)
 
 
 def _apply_rules(model, theta, rules, covariates, who):
@@ -162,6 +199,56 @@ def _apply_rules(model, theta, rules, covariates, who):
                              "number is needed")
         theta[k] = float(value)
     return theta
+
+
+def _covariates_at(covariates, series, t):
+    """``covariates`` with each time-varying one at its value at ``t``."""
+    out = dict(covariates)
+    for name, (times, values) in series.items():
+        j = int(np.searchsorted(times, t, side="right")) - 1
+        out[name] = values[max(j, 0)]
+    return out
+
+
+def _without(change, rules):
+    """``change`` without the parameters `rules` set (None when nothing is left)."""
+    kept = {k: v for k, v in change.params.items() if k not in rules}
+    return Change(change.time, kept) if kept else None
+
+
+def _rule_changes(model, base, rules, cov0, series, tspan, who):
+    """The `sciml.Change` list that makes `rules` follow time-varying covariates over
+    ``tspan``: one per time in the open span at which a rule's value changes, setting
+    the parameters whose value changed there (numbers: covariates are data). ``base``
+    is theta before the rules (each segment applies them to it afresh, as at t0)."""
+    t0, tf = tspan
+    times = sorted({float(t) for ts, _ in series.values() for t in ts if t0 < t < tf})
+    if not times or not rules:
+        return []
+    names = list(rules)
+    slot = [model.param_slices[n].start for n in names]
+    prev = _apply_rules(model, base.copy(), rules, cov0, who)[slot]
+    changes = []
+    for t in times:
+        cov = _covariates_at(cov0, series, t)
+        now = _apply_rules(model, base.copy(), rules, cov, f"{who} at t = {t:g}")[slot]
+        upd = {}
+        for n, a, b in zip(names, prev, now):
+            if a == b:
+                continue
+            if callable(rules[n]):
+                raise ValueError(f"covariate rule for {n!r}: its value changes at t = {t:g} "
+                                 f"for {who} (time-varying covariates); a callable rule is "
+                                 "evaluated once per segment into a fixed number, which "
+                                 "would cut the gradient of the parameter it depends on. "
+                                 f"Copy the covariate into a model parameter ({n}='COV' "
+                                 "for a parameter COV of the model) and write the "
+                                 "dependence in the model")
+            upd[n] = float(b)
+        if upd:
+            changes.append(Change(t, upd))
+        prev = now
+    return changes
 
 
 # ----------------------------------------------------------------- the table
@@ -300,7 +387,7 @@ def _value(v):
 def read_events(table, model, compartments, observable=None, params=None, covariates=None,
                 tspan=None, u0=None, *, id_col="ID", time_col="TIME", dv_col="DV",
                 obs_col=None, duplicates="error", time_varying="first", reset="error",
-                covariate_params=None):
+                covariate_params=None, interpolation="locf"):
     """Read an event table into one `Subject` (problem, data, covariates) per subject.
 
     Parameters
@@ -343,15 +430,35 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         ignores weights and counts the mean once), or kept as separate
         observations (`Data` rows sharing a time, in table order; for
         `sciml.nlme`, whose likelihood counts each).
-    time_varying : {"first", "error"}
+    time_varying : {"first", "error", True, False}
         A covariate that changes within a subject: take its first
-        non-missing value and warn, or refuse.
+        non-missing value and warn (``"first"``, or False), refuse, or (True)
+        keep it as a step function of time (`Subject.covariate_series`,
+        `interpolation`); rules in `covariate_params` that copy it into a
+        model parameter then change that parameter at those times
+        (`sciml.Change`), and `Subject.covariates` holds the values at the
+        problem's start (what `params` and `u0` as functions receive).
     reset : {"error", "split"}
         EVID 3/4 after a subject's first record: refuse, or start a new
         occasion (a separate Subject with the same id).
     covariate_params : dict, optional
         Rules of `Subject.params_with` applied to every subject's params,
-        e.g. ``{"V": lambda V, c: V * c["WT"] / 70}``.
+        e.g. ``{"V": lambda V, c: V * c["WT"] / 70}``. With time-varying
+        covariates only rules that copy a covariate (``{"WT": "WT"}``) or set
+        numbers may follow them: a callable rule whose value changes in time
+        is refused (write the dependence in the model instead).
+    interpolation : {"locf", "nocb"}
+        With ``time_varying=True``, the covariate between records: ``"locf"``
+        (last observation carried forward, rxode2's default: a record's value
+        holds from its time until the next record's; of records at one time
+        the last counts) or ``"nocb"`` (next observation carried backward,
+        NONMEM's: a record's value applies from the previous record's time,
+        i.e. while the system advances to it; of records at one time the
+        first counts). Before a subject's first value it takes that value;
+        after its last (NOCB) the last. The problem's parameters are
+        right-continuous at a change, so an observable that reads the
+        changed parameter at a NOCB change time sees the new value (NONMEM:
+        the old); the states are continuous either way.
 
     Returns
     -------
@@ -375,10 +482,17 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     >>> fit = sciml.fit([s.problem for s in subjects], [s.data for s in subjects], ...)
     """
     for name, val, ok in (("duplicates", duplicates, ("error", "mean", "keep")),
-                          ("time_varying", time_varying, ("first", "error")),
-                          ("reset", reset, ("error", "split"))):
-        if val not in ok:
+                          ("reset", reset, ("error", "split")),
+                          ("interpolation", interpolation, ("locf", "nocb"))):
+        if not isinstance(val, str) or val not in ok:
             raise ValueError(f"read_events: `{name}` must be one of {ok}, got {val!r}")
+    # bool checked by type: 1 == True would pass a membership test
+    if not (isinstance(time_varying, bool) or (isinstance(time_varying, str)
+                                               and time_varying in ("first", "error"))):
+        raise ValueError("read_events: `time_varying` must be True, False, 'first' or "
+                         f"'error', got {time_varying!r}")
+    if time_varying is False:
+        time_varying = "first"
     comp = _compartments(compartments, model)
     obs_kind, obs_names, obs_map = _observables(observable, model)
     tab = _Table(table)
@@ -462,17 +576,21 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     varying = {}
     for rows in blocks:
         cov = _subject_covariates(tab, ids[rows[0]], rows, cov_cols, time_varying, varying)
+        series = {} if time_varying is not True else \
+            _covariate_series(tab, rows, cov_cols, time, interpolation)
         for occ, seg in enumerate(ctx.occasions(rows)):
             doses, data, t_first, t_last, n_late = ctx.segment(seg)
             late_obs += n_late
             sid = ids[rows[0]]
             who = f"subject {sid!r}" + (f" occasion {occ}" if occ else "")
-            prob = _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan,
-                            covariate_params)
+            t_start = t_first if tspan is None else float(tspan[0])
+            cov_k = _covariates_at(cov, series, t_start) if series else cov
+            prob = _problem(model, doses, data, t_first, t_last, cov_k, who, params, u0, tspan,
+                            covariate_params, series)
             if data is None:
                 no_data.append(who)
-            subjects.append(Subject(sid, prob, data, cov, occ,
-                                    tuple(tab.labels[i] for i in seg)))
+            subjects.append(Subject(sid, prob, data, cov_k, occ,
+                                    tuple(tab.labels[i] for i in seg), series))
     if varying:
         desc = "; ".join(f"{c} (subjects {', '.join(map(repr, s[:5]))}"
                          f"{', ...' if len(s) > 5 else ''})" for c, s in varying.items())
@@ -569,12 +687,42 @@ def _subject_covariates(tab, sid, rows, cov_cols, time_varying, varying):
                 if time_varying == "error":
                     raise ValueError(f"{tab.where(i, c)}: covariate changes within subject "
                                      f"(from {first!r} at {tab.labels[first_i]} to {v!r}); "
-                                     "time-varying covariates are not supported (pass "
-                                     "time_varying='first' to use the first value)")
-                varying.setdefault(c, []).append(sid)
+                                     "time_varying='error' refuses that (pass "
+                                     "time_varying='first' to use the first value, True to "
+                                     "follow it in time)")
+                if time_varying == "first":  # True: followed in time, nothing to warn of
+                    varying.setdefault(c, []).append(sid)
                 break
         cov[c] = first if first is not None else math.nan
     return cov
+
+
+def _covariate_series(tab, rows, cov_cols, time, interpolation):
+    """{column: (times, values)} for the covariates that change within these rows: the
+    step function the interpolation gives (see `read_events`), equal neighbours merged."""
+    out = {}
+    for c in cov_cols:
+        at = {}  # distinct time -> the value that counts there
+        for i in rows:
+            v = _value(tab.raw[c][i])
+            if v is None:
+                continue  # a missing value is no record of the covariate
+            t = float(time[i])
+            if interpolation == "locf" or t not in at:
+                at[t] = v  # LOCF: the last record at a time; NOCB: the first
+        ts, vs = list(at), list(at.values())
+        if interpolation == "nocb":
+            # the value of record j holds while advancing to it: from record j-1's time
+            vs = vs[1:] + vs[-1:]
+        steps_t, steps_v = [], []
+        for t, v in zip(ts, vs):
+            if not steps_v or v != steps_v[-1]:
+                steps_t.append(t), steps_v.append(v)
+        if len(steps_v) > 1:
+            values = np.array(steps_v, dtype=object if any(isinstance(v, str) for v in steps_v)
+                              else np.float64)
+            out[c] = (np.array(steps_t), values)
+    return out
 
 
 class _Ctx:
@@ -748,7 +896,8 @@ class _Ctx:
         return Data(np.array(times), y, weights=w if merged else None, **kw)
 
 
-def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, rules):
+def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, rules,
+             series):
     if params is None:
         if model.params:
             raise ValueError("read_events: give `params` (the flat theta, e.g. from "
@@ -761,8 +910,9 @@ def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, r
     if theta.shape != (model.n_params,):
         raise ValueError(f"read_events: `params` must have length {model.n_params} "
                          f"(model.n_params), got shape {theta.shape} for {who}")
+    base = theta
     if rules:
-        theta = _apply_rules(model, theta, rules, cov, who)
+        theta = _apply_rules(model, theta.copy(), rules, cov, who)
     x0 = np.zeros(model.n_states) if u0 is None else (u0(cov) if callable(u0) else u0)
     if tspan is None:
         span = (t_first, t_last)
@@ -772,6 +922,21 @@ def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, r
     else:
         span = tspan
     prob = ODEProblem(model, x0, span, theta)
+    if series:
+        if callable(params):
+            # `params` sees the covariates at the start only; one that reads a time-varying
+            # covariate would silently hold its first value
+            for t in sorted({float(t) for ts, _ in series.values() for t in ts}):
+                if prob.tspan[0] < t < prob.tspan[1] and not np.array_equal(
+                        np.asarray(params(_covariates_at(cov, series, t)), dtype=np.float64),
+                        base):
+                    raise ValueError(f"read_events: `params` (a function of the covariates) "
+                                     f"changes at t = {t:g} for {who}, whose covariates "
+                                     f"{', '.join(series)} vary with time; it is evaluated at "
+                                     "the start only: pass time-varying covariates through "
+                                     "`covariate_params` rules such as {'WT': 'WT'}")
+        if rules:
+            prob.changes = _rule_changes(model, base, rules, cov, series, prob.tspan, who)
     # the default span starts at the subject's first record, so only a given one can miss
     # a dose: say which subject
     check_dose_times(doses, prob.tspan[0], who=f"read_events: {who}, `tspan` {prob.tspan}")

@@ -194,8 +194,18 @@ class Individual:
     def subject_covariates(self, subject):
         """This subject's covariate vector (a clear error for one that is missing)."""
         cov = getattr(subject, "covariates", None) or {}
+        series = getattr(subject, "covariate_series", None) or {}
         out = []
         for name in self.covariates:
+            if name in series:
+                # per-segment individual parameters would need sensitivities carried across
+                # sciml.Change segments, which the forward sensitivities here do not do yet
+                raise ValueError(f"NLME: covariate {name!r} of subject "
+                                 f"{getattr(subject, 'id', '?')!r} changes with time "
+                                 "(read_events(..., time_varying=True)); `individual` takes "
+                                 "one value per subject: time-varying covariates are not "
+                                 "supported by sciml.nlme yet (read the table with "
+                                 "time_varying='first' for the first value)")
             if name not in cov:
                 sid = getattr(subject, "id", "?")
                 raise ValueError(f"NLME: subject {sid!r} has no covariate {name!r} (used by "

@@ -32,6 +32,14 @@ class SubjectFit:
         if prob is None or data is None:
             raise ValueError(f"NLME: subject {getattr(subject, 'id', '?')!r} has no "
                              "observations (or is not a sciml.data.Subject)")
+        if prob.changes or prob.events:
+            # the predictions below run one forward-sensitivity solve over the whole span,
+            # which would ignore the changes (or events) silently
+            what = "parameter changes (sciml.Change, e.g. from read_events(..., " \
+                "time_varying=True) with covariate_params)" if prob.changes else \
+                "events (sciml.Event)"
+            raise ValueError(f"NLME: subject {subject.id!r}'s problem has {what}; sciml.nlme "
+                             "does not support them yet")
         if prob.model is not model:
             raise ValueError(f"NLME: subject {subject.id!r} was read with another model; read "
                              "the event table with the NLME's model")
