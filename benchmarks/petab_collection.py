@@ -220,7 +220,13 @@ def main(argv=None):
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--markdown", nargs="*", metavar="JSON",
+                    help="print the table of earlier runs' JSON files and exit")
     a = ap.parse_args(argv)
+    if a.markdown is not None:
+        rows = [r for path in a.markdown for r in json.load(open(path))["rows"]]
+        print(markdown(sorted(rows, key=lambda r: r["model"])))
+        return
     if not a.collection or not os.path.isdir(a.collection):
         sys.exit("petab_collection: pass --collection PATH (the Benchmark-Models folder of "
                  "Benchmarking-Initiative/Benchmark-Models-PEtab) or set BENCHMARK_MODELS_PETAB")
@@ -239,6 +245,28 @@ def main(argv=None):
     ok = [r for r in rows if "llh" in r]
     good = [r for r in ok if r.get("llh_err", np.inf) <= 1e-3]
     print(f"\n{len(ok)} of {len(rows)} load; {len(good)} reproduce their reference llh to 1e-3")
+
+
+def markdown(rows):
+    """The README's table of `rows` (one per model)."""
+    out = ["| model | states | params | llh | reference | error | fd | llh s | fwd s | adj s "
+           "| first s | AMICI ceilings fwd / adj s |", "|" + "---|" * 12]
+    for r in rows:
+        if "refused" in r:
+            out.append(f"| {r['model']} | | | refused: {r['refused'][:90]} | | | | | | | | |")
+            continue
+        am = r.get("t_amici")
+        ceil = f"{am[1]} / {am[2]}" if am and am[1] is not None else ""
+        ref = f"{r['ref']:.4f} ({r['ref_source']})" if "ref" in r else "none"
+        err = f"{r['llh_err']:.1e}" if "llh_err" in r else ""
+
+        def t(k, r=r):
+            return f"{r[k]:.3f}" if k in r else r.get(k.replace("t_", "") + "_error", "")[:20]
+
+        out.append(f"| {r['model']} | {r['n_states']} | {r['n_params']} | {r['llh']:.4f} | "
+                   f"{ref} | {err} | {r.get('grad_fd', float('nan')):.0e} | {t('t_llh')} | "
+                   f"{t('t_fwd')} | {t('t_adj')} | {r['t_first']:.1f} | {ceil} |")
+    return "\n".join(out)
 
 
 def _line(r):
