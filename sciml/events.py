@@ -31,6 +31,7 @@ import numpy as np
 import sympy
 
 from .model.trace import T, trace_event
+from .problem import Bolus
 
 __all__ = ["Event", "EventPiece", "run_events"]
 
@@ -111,7 +112,8 @@ class _Bound:
 class EventPiece:
     """The stretch of a solve from ``t0`` (state ``u0``) to its end ``t1``: an event
     (``fired``: the indices of the events there, ``u_minus`` / ``u_plus`` the state
-    before and after them) or the end of the span (``fired`` empty)."""
+    before and after them), the end of the span, or the end of a look-ahead horizon
+    (``fired`` empty; the state goes on unchanged)."""
 
     t0: float
     t1: float
@@ -120,6 +122,7 @@ class EventPiece:
     u_minus: np.ndarray = None
     u_plus: np.ndarray = None
     raw: object = None
+    final: bool = False  # the last piece (the span's end, or a terminal event)
 
 
 def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
@@ -133,28 +136,39 @@ def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
     u = prob.initial_state(p)
     doses = doses_in(prob.doses, t, tf, True)
     pieces = []
+    # How far each piece integrates before looking for a root: the whole span at first,
+    # then twice the last stretch between events (grown while none comes), so a solve
+    # with many events costs about one pass over the span, not one per event.
+    horizon = tf - t
     while True:
-        q = piece_problem(prob, (t, tf), p, _doses_from(doses, t, first=not pieces), u)
+        hi = min(tf, t + horizon)
+        mine = tuple(d for d in _doses_from(doses, t, first=not pieces)
+                     if not isinstance(d, Bolus) or d.time <= hi)
+        q = piece_problem(prob, (t, hi), p, mine, u)
         raw = solver._run(q, None, rtol, atol, dt, max_steps, True, params=p)
         if raw.status != 0:
             return pieces, f"the solve stopped at t = {raw.t_end:g} ({raw.status})"
         hit = _first_event(prob.events, bound, raw, solver, p)
         if hit is None:
-            pieces.append(EventPiece(t, tf, u, raw=raw))
-            return pieces, ""
+            pieces.append(EventPiece(t, hi, u, raw=raw, final=hi >= tf))
+            if hi >= tf:
+                return pieces, ""
+            t, u = hi, np.array(raw.u[-1])
+            horizon *= 2.0
+            continue
         tau, fired, u_minus = hit
         u_plus = u_minus.copy()
         for k in fired:
             u_plus = bound[k].apply(u_plus, p, tau)
-        pieces.append(EventPiece(t, tau, u, fired, u_minus, u_plus, raw))
-        if any(prob.events[k].terminal for k in fired) or len(pieces) >= max_events:
+        stop = any(prob.events[k].terminal for k in fired) or len(pieces) >= max_events
+        pieces.append(EventPiece(t, tau, u, fired, u_minus, u_plus, raw, final=stop))
+        if stop:
             return pieces, ""
+        horizon = max(2.0 * (tau - t), 1e-6 * (tf - prob.tspan[0]))
         t, u = tau, u_plus
 
 
 def _doses_from(doses, t, first):
-    from .problem import Bolus
-
     return tuple(d for d in doses if not isinstance(d, Bolus) or d.time > t
                  or (first and d.time == t))
 

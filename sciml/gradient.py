@@ -554,7 +554,7 @@ def _with_events(job, data, loss, sensealg, grad=True):
     forward = isinstance(sensealg, adjoints.ForwardSensitivity)
     obs = job.obs_t
     end = pieces[-1]
-    if end.fired and obs[-1] > end.t1:
+    if end.t1 < prob.tspan[1] and obs[-1] > end.t1:
         raise ValueError(f"loss_and_grad: observations after the terminal event at t = "
                          f"{end.t1:g} (the last at {obs[-1]:g})")
     jobs, states, rows, jumps = [], [], [], []
@@ -564,24 +564,29 @@ def _with_events(job, data, loss, sensealg, grad=True):
             q = piece_problem(prob, (pc.t0, pc.t1), job.p, _piece_doses(prob, pc, k), u0)
             last = k == len(pieces) - 1
             idx = np.flatnonzero((obs >= pc.t0) & ((obs < pc.t1) | (last & (obs <= pc.t1))))
-            t_k = obs[idx] if not pc.fired else np.append(obs[idx], pc.t1)
+            t_k = obs[idx] if last else np.append(obs[idx], pc.t1)  # its end carries on
             jk = replace(job, prob=q, sched=common.schedule(q), obs_t=t_k)
             st = sensealg.forward(jk) if grad else adjoints._forward.values(jk)
             if st.status != 0:
                 raise adjoints.SolveFailed(f"the forward solve of piece {k} stopped at t = "
                                            f"{st.t_end:g}")
             jobs.append(jk), states.append(st), rows.append(idx)
+            if last:
+                continue
+            J = None  # a look-ahead boundary: the state goes on unchanged
+            u_end = np.array(st.u[-1])
             if pc.fired:
-                J = jump(model, bound, pc.fired, np.array(st.u[-1]), job.p, pc.t1)
-                jumps.append(J)
-                u_plus = pc.u_plus
-                if forward and grad and not last:
+                J = jump(model, bound, pc.fired, u_end, job.p, pc.t1)
+                u_end = pc.u_plus
+            jumps.append(J)
+            u0 = u_end
+            if forward and grad:
+                S = full_sensitivities(st, job.n_params)[-1]
+                if J is not None:
                     Au, Ap, At, g_u, g_p, den, fm, fp = J
-                    S = full_sensitivities(st, job.n_params)[-1]
                     dtau = -(g_u @ S + g_p) / den
-                    u0 = Carried(u_plus, Au @ S + Ap + np.outer(Au @ fm + At - fp, dtau))
-                else:
-                    u0 = u_plus
+                    S = Au @ S + Ap + np.outer(Au @ fm + At - fp, dtau)
+                u0 = Carried(u_end, S)
     except adjoints.SolveFailed as e:
         return str(e), None
     U = np.empty((obs.shape[0], n))
@@ -601,7 +606,7 @@ def _with_events(job, data, loss, sensealg, grad=True):
                 Gk[-1] += w
             gk, w = sensealg.backward(jk, states[k], Gk)
             g += gk
-            if k > 0 and not forward:  # the adjoint across the event before this piece
+            if k > 0 and not forward and jumps[k - 1] is not None:  # across the event
                 Au, Ap, At, g_u, g_p, den, fm, fp = jumps[k - 1]
                 dtau = w @ (Au @ fm + At - fp)
                 g += Ap.T @ w - g_p * dtau / den
@@ -619,5 +624,7 @@ def _piece_doses(prob, pc, k):
     """The single doses of a piece: boluses at its start only for the first."""
     from .problem import Bolus
 
+    # (as `sciml.events.run_events` gives them: a bolus on a look-ahead boundary in the
+    # piece that ends there)
     return tuple(d for d in doses_in(prob.doses, pc.t0, pc.t1, not pc.fired)
                  if not isinstance(d, Bolus) or d.time > pc.t0 or k == 0)

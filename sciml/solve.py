@@ -256,25 +256,22 @@ def _solve_events(solver, prob, saveat, rtol, atol, dt, max_steps):
     after it."""
     pieces, msg = run_events(prob, solver, prob.params, rtol, atol, dt, max_steps)
     ts, us, stats = [], [], {}
-    for k, pc in enumerate(pieces):
+    for pc in pieces:
         raw = pc.raw
         for key, v in raw.stats.items():
             stats[key] = stats.get(key, 0) + v
-        end = not pc.fired
+        end = pc.final and not pc.fired  # the span's end, saved itself
         if saveat is None:
             keep = raw.t <= pc.t1 if end else raw.t < pc.t1
             ts.append(raw.t[keep]), us.append(raw.u[keep])
-            if not end:
+            if pc.fired:
                 ts.append(np.array([pc.t1])), us.append(pc.u_minus[None, :])
         else:
-            last = end or k == len(pieces) - 1
             mine = saveat[(saveat >= pc.t0) & ((saveat < pc.t1) | (end & (saveat <= pc.t1)))]
             out = np.empty((mine.shape[0], raw.u.shape[1]))
             if mine.size:
                 solver.interpolate(raw.dense, mine, out)
             ts.append(mine), us.append(out)
-            if last and not end:  # a terminal event: the state after it, at its time
-                pass
     n = prob.model.n_states
     status = SUCCESS if not msg else (pieces[-1].raw.status if pieces and pieces[-1].raw
                                       is not None and pieces[-1].raw.status else 3)

@@ -8,6 +8,7 @@ import pytest
 
 import adjoints
 import sciml
+from sciml.events import run_events
 
 
 def _ball(u, p, t, nets):
@@ -109,3 +110,25 @@ def test_errors():
         sciml.solve(prob)
     with pytest.raises(TypeError, match=r"events\[0\]` must be a sciml.Event"):
         sciml.ODEProblem(BALL, [1.0, 0.0], (0.0, 1.0), TH, events=[lambda u: u])
+
+
+@pytest.mark.parametrize("method", [adjoints.ForwardSensitivity, adjoints.GaussAdjoint],
+                         ids=lambda m: m.__name__)
+def test_many_bounces_and_a_kick(method):
+    """Many bounces (the pieces look ahead past several of them) and a bolus on v."""
+    prob = sciml.ODEProblem(BALL, [1.0, 0.0], (0.0, 3.5), TH, events=[_bounce()],
+                            doses=[sciml.Bolus(2.0, 8.0, "v")])
+    ts = np.linspace(0.1, 3.4, 25)
+    pieces, _ = run_events(prob, sciml.Tsit5(), TH, 1e-10, np.full(2, 1e-12), None, 10**5)
+    assert any(not p.fired and not p.final for p in pieces)  # a look-ahead boundary
+    sol = sciml.solve(prob, rtol=1e-10, atol=1e-12, saveat=ts)
+    np.testing.assert_allclose(sol.t_events[:3], _bounce_times(2.0)[:3], atol=1e-10)
+    assert sol.success and sol.t_events.size >= 3 and np.all(sol.u[:, 0] > -1e-8)
+    data = sciml.Data(t=ts, y=sol.u * 1.05)
+
+    def value(p):
+        return sciml.loss_value(prob, data, params=p, rtol=1e-12, atol=1e-12)
+
+    fd = np.array([(value(TH + e) - value(TH - e)) / 2e-6 for e in np.eye(2) * 1e-6])
+    _, g = sciml.loss_and_grad(prob, data, sensealg=method(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g, fd, rtol=1e-5)
