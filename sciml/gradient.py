@@ -10,12 +10,10 @@ answer does not depend on the thread count.
 
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 
 import numpy as np
 
 import adjoints  # attributes read at call time: `adjoints` imports sciml's core
-from adjoints.forward import full_sensitivities
 from adjoints.kernels import backward as _lean_kernels
 
 from ._jit import Threads
@@ -26,15 +24,15 @@ from ._validate import (
     check_rtol,
     float_vector,
 )
+from .chained import ChangeAt, Continue, EventAt, chained, observation_loss
 from .data import Data
 from .losses import SSE, Loss
 from .problem import ODEProblem, problem_list
-from .segments import doses_in, piece_problem, segment_problem, segments
+from .segments import Segment, doses_in, segments
 from .solution import SolveWarning
 from .solvers import common
 from .solvers.base import Solver
 from .solvers.erk import ExplicitRK, Tsit5
-from .solvers.kernels.observe import observe_along, observe_jumps
 
 __all__ = ["loss_and_grad", "loss_value"]
 
@@ -129,14 +127,8 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
                                 atol, params, 1, max_steps, dt, need_adaptive=False)
     total = 0.0
     for job, d in jobs:
-        if job.prob.events:
-            v = _with_events(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
-            if isinstance(v, str):
-                return np.inf
-            total += v
-            continue
-        if job.prob.changes:
-            v = _segmented(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
+        if job.prob.events or job.prob.changes:
+            v = _chained(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
             if isinstance(v, str):
                 return np.inf
             total += v
@@ -144,7 +136,7 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
         fw = adjoints._forward.values(job)
         if fw.status != 0:
             return np.inf
-        total += _loss(job, d, loss, fw.u, fw.sys.m.kern)[0]
+        total += observation_loss(job, d, loss, fw.u, fw.sys.m.kern)[0]
     return total
 
 
@@ -373,37 +365,12 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
     return jobs, loss, sensealg, min(nt, len(jobs))
 
 
-def _loss(job, data, loss, U, kern):
-    """Loss value, its gradient as adjoint jumps G (T, n), and direct parameter gradient."""
-    cols = data.columns(job.model)
-    T, n = U.shape
-    if data.kind == "states":
-        value, ybar, pdir = loss(U[:, cols], data, job.p, job.model)
-        G = np.zeros((T, n))
-        G[:, cols] = ybar
-        return value, G, pdir
-    model = job.model
-    ws = model.workspace()
-    U = np.ascontiguousarray(U)
-    Y = np.zeros((T, model.n_obs))
-    observe_along(kern, job.p, ws, Y, job.obs_t, U)
-    value, ybar, pdir = loss(Y[:, cols], data, job.p, model)
-    Ybar = np.zeros_like(Y)
-    Ybar[:, cols] = ybar
-    G = np.zeros((T, n))
-    pobs = np.zeros(job.n_params)
-    observe_jumps(kern, job.p, ws, G, pobs, Ybar, U, job.obs_t, np.zeros(n))
-    return value, G, pobs if pdir is None else pobs + pdir
-
-
 def _one(job, data, loss, sensealg):
-    if job.prob.events:
-        return _with_events(job, data, loss, sensealg)
-    if job.prob.changes:
-        return _segmented(job, data, loss, sensealg)
+    if job.prob.events or job.prob.changes:
+        return _chained(job, data, loss, sensealg)
     try:
         state = sensealg.forward(job)
-        value, G, pdir = _loss(job, data, loss, state.u, state.sys.m.kern)
+        value, G, pdir = observation_loss(job, data, loss, state.u, state.sys.m.kern)
         grad, lam0 = sensealg.backward(job, state, G)
     except adjoints.SolveFailed as e:
         return str(e), None
@@ -414,217 +381,38 @@ def _one(job, data, loss, sensealg):
     return value, grad
 
 
-def _segmented(job, data, loss, sensealg, grad=True):
-    """`_one` for a problem with parameter changes: its segments (`sciml.segments`) solved
-    in turn, the loss on all their observations, then the backward passes in reverse, each
-    segment's adjoint at its start handed to the one before as a jump at its end."""
-    from .events import Carried
+def _chained(job, data, loss, sensealg, grad=True):
+    """`_one` for a problem with parameter changes or events: its pieces between them
+    (located at ``job.p``) chained by `sciml.chained`."""
+    from .events import run_events
 
-    prob, model, n = job.prob, job.model, job.n
-    segs = segments(prob, job.p)
-    obs = job.obs_t
-    forward = grad and isinstance(sensealg, adjoints.ForwardSensitivity)
-    jobs, states, rows = [], [], []
-    u = u0 = None
-    try:
-        for k, seg in enumerate(segs):
-            q = segment_problem(prob, seg, u0)
-            lo, hi = seg.tspan
-            last = k == len(segs) - 1
-            idx = np.flatnonzero((obs >= lo) & ((obs < hi) | (last & (obs <= hi))))
-            t_k = obs[idx] if last else np.append(obs[idx], hi)  # its end state carries on
-            jk = replace(job, prob=q, p=seg.p, sched=common.schedule(q), obs_t=t_k)
-            st = sensealg.forward(jk) if grad else adjoints._forward.values(jk)
-            if st.status != 0:
-                raise adjoints.SolveFailed(f"the forward solve of segment {k} stopped at t = "
-                                           f"{st.t_end:g}")
-            if forward:
-                _to_problem_columns(sensealg, jk, st, seg, u)
-            jobs.append(jk), states.append(st), rows.append(idx)
-            u = np.array(st.u[-1])
-            u0 = u
-            if forward and not last:
-                S = full_sensitivities(st, job.n_params)[-1]
-                nxt = segs[k + 1]
-                if nxt.time_param >= 0:  # the change moves with a parameter
-                    S[:, nxt.time_param] += model.rhs(u, seg.p, hi) - model.rhs(u, nxt.p, hi)
-                u0 = Carried(u, S)
-    except adjoints.SolveFailed as e:
-        return str(e), None
-    U = np.empty((obs.shape[0], n))
-    for st, idx in zip(states, rows):
-        U[idx] = st.u[:idx.shape[0]]
-    value, G, pdir = _segment_loss(job, data, loss, U, segs, rows, states)
-    if not grad:
-        return value, None
-    g = np.zeros(job.n_params)
-    w = None
-    try:
-        for k in range(len(segs) - 1, -1, -1):
-            jk, idx = jobs[k], rows[k]
-            Gk = np.zeros((jk.obs_t.shape[0], n))
-            Gk[:idx.shape[0]] = G[idx]
-            if w is not None:
-                Gk[-1] += w
-            gk, w = sensealg.backward(jk, states[k], Gk)
-            if forward:  # S is over the problem's parameters already, nothing to hand back
-                g += gk
-                w = None
-                continue
-            segs[k].pull_back(gk, g)
-            if k > 0 and segs[k].time_param >= 0:  # the change moves with a parameter
-                tau, ub = segs[k].tspan[0], states[k - 1].u[-1]
-                g[segs[k].time_param] += w @ (model.rhs(ub, segs[k - 1].p, tau)
-                                              - model.rhs(ub, segs[k].p, tau))
-    except adjoints.SolveFailed as e:
-        return str(e), None
-    if pdir is not None:
-        g = g + pdir
-    if w is not None and prob.u0_function is not None:
-        g = g + prob.initial_vjp(job.p, w)
-    return value, g
-
-
-def _to_problem_columns(sensealg, jk, st, seg, u_start):
-    """Forward sensitivities of a segment over the problem's parameters instead of the
-    segment's own: where a change set entry i (to a number, or to parameter j), the
-    segment's column i carries the forcing df/dp_i that belongs to no parameter (or to j).
-    That forcing's response from zero, P_i (one more forward solve, for those columns
-    only), is moved: S_i -= P_i (and S_j += P_i)."""
-    over = np.flatnonzero(seg.source != np.arange(seg.source.shape[0]))
-    wanted = np.zeros(seg.source.shape[0], dtype=bool)
-    wanted[st.cols] = True  # only columns that are integrated, or feed one, need it
-    over = over[wanted[over] | ((seg.source[over] >= 0) & wanted[np.maximum(seg.source[over],
-                                                                            0)])]
-    if over.size == 0:
-        return
-    q = piece_problem(jk.prob, seg.tspan, seg.p, seg.doses, u_start)  # S0 = 0
-    P = sensealg.prepare(replace(jk, prob=q), cols=over)(seg.p).S
-    S = full_sensitivities(st, jk.n_params)
-    for c, i in enumerate(over):
-        S[:, :, i] -= P[:, :, c]
-        if seg.source[i] >= 0:
-            S[:, :, seg.source[i]] += P[:, :, c]
-    st.S = S[:, :, st.cols]
-
-
-def _segment_loss(job, data, loss, U, segs, rows, states):
-    """`_loss` with each observation's observables computed under its segment's parameters
-    (their parameter gradient mapped back through the segment)."""
-    if data.kind == "states" or len(segs) == 1:
-        return _loss(job, data, loss, U, states[0].sys.m.kern)
-    model = job.model
-    cols = data.columns(model)
-    ws = model.workspace()
-    kern = states[0].sys.m.kern
-    T, n = U.shape
-    Y = np.zeros((T, model.n_obs))
-    for seg, idx in zip(segs, rows):
-        if idx.size:
-            Yk = np.zeros((idx.shape[0], model.n_obs))
-            observe_along(kern, seg.p, ws, Yk, job.obs_t[idx], np.ascontiguousarray(U[idx]))
-            Y[idx] = Yk
-    value, ybar, pdir = loss(Y[:, cols], data, job.p, model)
-    Ybar = np.zeros_like(Y)
-    Ybar[:, cols] = ybar
-    G = np.zeros((T, n))
-    pobs = np.zeros(job.n_params)
-    for seg, idx in zip(segs, rows):
-        if idx.size:
-            Gk, pk = np.zeros((idx.shape[0], n)), np.zeros(job.n_params)
-            observe_jumps(kern, seg.p, ws, Gk, pk, np.ascontiguousarray(Ybar[idx]),
-                          np.ascontiguousarray(U[idx]), job.obs_t[idx], np.zeros(n))
-            G[idx] = Gk
-            seg.pull_back(pk, pobs)
-    return value, G, pobs if pdir is None else pobs + pdir
-
-
-def _with_events(job, data, loss, sensealg, grad=True):
-    """`_one` for a problem with events (`sciml.events`): the pieces between them located
-    at ``job.p``, solved in turn, the loss on all observations, then the backward passes in
-    reverse with the adjoint's jump at each event (forward sensitivities jump forward)."""
-    from .events import Carried, jump, run_events
-
-    prob, model, n = job.prob, job.model, job.n
-    pieces, msg = run_events(prob, job.solver, job.p, job.rtol, job.atol, job.dt,
-                             job.max_steps)
+    prob, model = job.prob, job.model
+    if not prob.events:
+        segs = segments(prob, job.p)
+        return chained(job, data, loss, sensealg, segs,
+                       [ChangeAt(model, a, b, b.tspan[0], b.time_param)
+                        for a, b in zip(segs, segs[1:])], grad)
+    found, msg = run_events(prob, job.solver, job.p, job.rtol, job.atol, job.dt,
+                            job.max_steps)
     if msg:
         return msg, None
-    bound = [ev.bound(model) for ev in prob.events]
-    forward = isinstance(sensealg, adjoints.ForwardSensitivity)
-    obs = job.obs_t
-    end = pieces[-1]
-    if end.t1 < prob.tspan[1] and obs[-1] > end.t1:
+    if found[-1].t1 < prob.tspan[1] and job.obs_t[-1] > found[-1].t1:
         raise ValueError(f"loss_and_grad: observations after the terminal event at t = "
-                         f"{end.t1:g} (the last at {obs[-1]:g})")
-    jobs, states, rows, jumps = [], [], [], []
-    u0 = None
-    try:
-        for k, pc in enumerate(pieces):
-            q = piece_problem(prob, (pc.t0, pc.t1), job.p, _piece_doses(prob, pc, k), u0)
-            last = k == len(pieces) - 1
-            idx = np.flatnonzero((obs >= pc.t0) & ((obs < pc.t1) | (last & (obs <= pc.t1))))
-            t_k = obs[idx] if last else np.append(obs[idx], pc.t1)  # its end carries on
-            jk = replace(job, prob=q, sched=common.schedule(q), obs_t=t_k)
-            st = sensealg.forward(jk) if grad else adjoints._forward.values(jk)
-            if st.status != 0:
-                raise adjoints.SolveFailed(f"the forward solve of piece {k} stopped at t = "
-                                           f"{st.t_end:g}")
-            jobs.append(jk), states.append(st), rows.append(idx)
-            if last:
-                continue
-            J = None  # a look-ahead boundary: the state goes on unchanged
-            u_end = np.array(st.u[-1])
-            if pc.fired:
-                J = jump(model, bound, pc.fired, u_end, job.p, pc.t1)
-                u_end = pc.u_plus
-            jumps.append(J)
-            u0 = u_end
-            if forward and grad:
-                S = full_sensitivities(st, job.n_params)[-1]
-                if J is not None:
-                    Au, Ap, At, g_u, g_p, den, fm, fp = J
-                    dtau = -(g_u @ S + g_p) / den
-                    S = Au @ S + Ap + np.outer(Au @ fm + At - fp, dtau)
-                u0 = Carried(u_end, S)
-    except adjoints.SolveFailed as e:
-        return str(e), None
-    U = np.empty((obs.shape[0], n))
-    for st, idx in zip(states, rows):
-        U[idx] = st.u[:idx.shape[0]]
-    value, G, pdir = _loss(job, data, loss, U, states[0].sys.m.kern)
-    if not grad:
-        return value, None
-    g = np.zeros(job.n_params)
-    w = None
-    try:
-        for k in range(len(pieces) - 1, -1, -1):
-            jk, idx = jobs[k], rows[k]
-            Gk = np.zeros((jk.obs_t.shape[0], n))
-            Gk[:idx.shape[0]] = G[idx]
-            if w is not None:
-                Gk[-1] += w
-            gk, w = sensealg.backward(jk, states[k], Gk)
-            g += gk
-            if k > 0 and not forward and jumps[k - 1] is not None:  # across the event
-                Au, Ap, At, g_u, g_p, den, fm, fp = jumps[k - 1]
-                dtau = w @ (Au @ fm + At - fp)
-                g += Ap.T @ w - g_p * dtau / den
-                w = Au.T @ w - g_u * dtau / den
-    except adjoints.SolveFailed as e:
-        return str(e), None
-    if pdir is not None:
-        g = g + pdir
-    if w is not None and prob.u0_function is not None:
-        g = g + prob.initial_vjp(job.p, w)
-    return value, g
+                         f"{found[-1].t1:g} (the last at {job.obs_t[-1]:g})")
+    bound = [ev.bound(model) for ev in prob.events]
+    every = np.arange(job.n_params)
+    pieces = [Segment((pc.t0, pc.t1), job.p, every, _piece_doses(prob, pc, k), -1)
+              for k, pc in enumerate(found)]
+    boundaries = [EventAt(model, bound, pc.fired, pc.t1, job.p, pc.u_plus) if pc.fired
+                  else Continue() for pc in found[:-1]]
+    return chained(job, data, loss, sensealg, pieces, boundaries, grad)
 
 
 def _piece_doses(prob, pc, k):
-    """The single doses of a piece: boluses at its start only for the first."""
+    """The single doses of a piece between events, as `sciml.events.run_events` gives them:
+    boluses at its start only for the first, one on a look-ahead boundary in the piece
+    that ends there."""
     from .problem import Bolus
 
-    # (as `sciml.events.run_events` gives them: a bolus on a look-ahead boundary in the
-    # piece that ends there)
     return tuple(d for d in doses_in(prob.doses, pc.t0, pc.t1, not pc.fired)
                  if not isinstance(d, Bolus) or d.time > pc.t0 or k == 0)

@@ -53,23 +53,26 @@ class Switches:
             a = g.diff(TIME)
             if not a.is_number or a == 0:
                 continue  # not linear in time with a constant slope
-            tau = sympy.simplify(-(g - a * TIME) / a)
-            if tau not in tau_name:
-                name = _fresh(f"switch_time_{len(tau_name)}", taken)
-                tau_name[tau] = name
-                self.times.append(name)
-                self.synthetic[name] = tau
+            tau = self._time(sympy.simplify(-(g - a * TIME) / a), tau_name, taken)
             flag = _fresh(f"switch_flag_{len(self.flags)}", taken)
             self.flags.append(flag)
             self.synthetic[flag] = sympy.Float(0.0)
             self.subs[r] = sympy.StrictGreaterThan(symbol(flag), sympy.Float(0.5))
             # the condition as the sign of a (t - tau), tested by its own relation
             self._conds.append((float(a), type(r)))
-            self._of_flag.append(tau_name[tau])
+            self._of_flag.append(tau)
         self.events = []  # (time parameter, {variable: number or parameter name})
         self.state_events = []  # (id, condition expression, direction, {state: expression})
         for ev in events:
             self._event(ev, states, set(state_names), taken, tau_name, path)
+
+    def _time(self, tau, tau_name, taken):
+        """The parameter holding the switching time `tau` (one per distinct expression)."""
+        if tau not in tau_name:
+            name = tau_name[tau] = _fresh(f"switch_time_{len(tau_name)}", taken)
+            self.times.append(name)
+            self.synthetic[name] = tau
+        return tau_name[tau]
 
     def _event(self, ev, states, state_names, taken, tau_name, path):
         """An SBML event triggered at a time: a change of the parameters it assigns."""
@@ -97,12 +100,7 @@ class Switches:
         a = g.diff(TIME)
         if not a.is_number or a == 0 or (float(a) > 0) != isinstance(r, rising):
             raise PetabError(f"{where}: its trigger ({r}) never becomes true as time passes")
-        tau = sympy.simplify(-(g - a * TIME) / a)
-        if tau not in tau_name:
-            name = _fresh(f"switch_time_{len(tau_name)}", taken)
-            tau_name[tau] = name
-            self.times.append(name)
-            self.synthetic[name] = tau
+        tau = self._time(sympy.simplify(-(g - a * TIME) / a), tau_name, taken)
         values = {}
         for var, e in ev.assign.items():
             if var in state_names:
@@ -116,7 +114,7 @@ class Switches:
                 name = _fresh(f"event_value_{len(self.synthetic)}", taken)
                 self.synthetic[name] = e
                 values[var] = name
-        self.events.append((tau_name[tau], values))
+        self.events.append((tau, values))
 
     def __bool__(self):
         return bool(self.flags or self.events)
