@@ -89,7 +89,11 @@ class Outer:
         """Adds ``g^T d theta / d z`` to gz and the networks' part to gW."""
         args, nin, W = tape
         nz = len(gz)
-        ga = self.T.jacobian(args).T @ g[:self.n_mech]
+        # only the parameters the estimated ones reach: another's gradient may be NaN where
+        # its observable's derivative is (0/0 at a start at zero) and must not leak in
+        gm = np.zeros(self.n_mech)
+        gm[self.reached] = g[self.reached]
+        ga = self.T.jacobian(args).T @ gm
         gz += ga[:nz]
         off = nz
         for n, cnt in zip(self.pre, self.o_all_count):
