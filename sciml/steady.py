@@ -143,9 +143,17 @@ class SteadyStateResult:
             J = model.jac(self.u, self.params, self.t)
             self._qr = np.linalg.qr(np.vstack([J, self.conserved]))
         Q, R = self._qr
-        from scipy.linalg import solve_triangular
+        d = np.abs(np.diag(R))
+        if d.size and d.min() > 1e-12 * d.max():
+            from scipy.linalg import solve_triangular
 
-        w = Q @ solve_triangular(R.T, lam, lower=True)
+            w = Q @ solve_triangular(R.T, lam, lower=True)
+        else:
+            # [J; C] is rank deficient: a state no rate depends on and no conservation law
+            # fixes (its value at rest is where Newton left it, at its start); the least-
+            # squares cotangent treats it so
+            w = np.linalg.lstsq(np.vstack([model.jac(self.u, self.params, self.t),
+                                           self.conserved]).T, lam, rcond=None)[0]
         n = model.n_states
         _, pbar = model.vjp(w[:n], self.u, self.params, self.t)
         return -pbar, self.conserved.T @ w[n:]
