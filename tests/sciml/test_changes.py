@@ -10,6 +10,8 @@ import pytest
 import adjoints
 import sciml
 
+from .central import loss_gradient
+
 
 def _relax(u, p, t, nets):
     return [p.a - p.k * u[0]]
@@ -55,11 +57,7 @@ def case(request):
     data = sciml.Data(t=TS, y=y) if request.param == "states" else \
         sciml.Data(t=TS, y=y, observables=["y"])
 
-    def value(p):
-        return sciml.loss_value(prob, data, params=p, rtol=1e-12, atol=1e-12)
-
-    fd = np.array([(value(TH + e) - value(TH - e)) / 2e-6 for e in np.eye(4) * 1e-6])
-    return prob, data, fd
+    return prob, data, loss_gradient(prob, data, TH)
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.__name__)

@@ -7,6 +7,8 @@ import pytest
 import adjoints
 import sciml
 
+from .central import loss_gradient
+
 
 def _production(u, p, t, nets):
     x, y = u
@@ -77,11 +79,7 @@ def preequilibrated():
     sol = sciml.solve(prob, sciml.Tsit5(), rtol=1e-10, atol=1e-10, saveat=t_obs)
     data = sciml.Data(t=t_obs, y=sol.u * 1.1)
 
-    def value(p):
-        return sciml.loss_value(prob, data, params=p, rtol=1e-11, atol=1e-11)
-
-    fd = np.array([(value(TH + e) - value(TH - e)) / 2e-6 for e in np.eye(4) * 1e-6])
-    return prob, data, fd
+    return prob, data, loss_gradient(prob, data, TH, rtol=1e-11, atol=1e-11)
 
 
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: m.__name__)
