@@ -24,7 +24,7 @@ import adjoints
 from adjoints.forward import full_sensitivities
 
 from .events import Carried, jump
-from .segments import piece_problem
+from .segments import in_span, piece_problem
 from .solvers import common
 from .solvers.kernels.observe import observe_along, observe_jumps
 
@@ -159,7 +159,7 @@ def chained(job, data, loss, sensealg, pieces, boundaries, grad=True):
             q = piece_problem(prob, pc.tspan, pc.p, pc.doses, u0)
             lo, hi = pc.tspan
             last = k == len(pieces) - 1
-            idx = np.flatnonzero((obs >= lo) & ((obs < hi) | (last & (obs <= hi))))
+            idx = np.flatnonzero(in_span(obs, lo, hi, last))
             t_k = obs[idx] if last else np.append(obs[idx], hi)  # its end carries on
             jk = replace(job, prob=q, p=pc.p, sched=common.schedule(q), obs_t=t_k)
             st = sensealg.forward(jk) if grad else adjoints._forward.values(jk)

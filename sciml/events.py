@@ -32,6 +32,7 @@ import sympy
 
 from .model.trace import T, trace_event
 from .problem import Bolus
+from .solvers.base import STATUS_TEXT
 
 __all__ = ["Event", "EventPiece", "run_events"]
 
@@ -126,8 +127,9 @@ class EventPiece:
 
 
 def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
-    """The pieces of `prob`'s solve at parameters `p` between its events, or ``(pieces,
-    message)`` with the reason it stopped early (message "" on success)."""
+    """``(pieces, message)``: the pieces of `prob`'s solve at parameters `p` between its
+    events, and "" on success, else why it stopped early (its last piece then ends where
+    the solve stopped)."""
     from .segments import doses_in, piece_problem
 
     model = prob.model
@@ -146,8 +148,10 @@ def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
                      if not isinstance(d, Bolus) or d.time <= hi)
         q = piece_problem(prob, (t, hi), p, mine, u)
         raw = solver._run(q, None, rtol, atol, dt, max_steps, True, params=p)
-        if raw.status != 0:
-            return pieces, f"the solve stopped at t = {raw.t_end:g} ({raw.status})"
+        if raw.status != 0:  # the piece it reached, with the reason
+            pieces.append(EventPiece(t, float(raw.t_end), u, raw=raw, final=True))
+            return pieces, (f"the solve stopped at t = {raw.t_end:g}: "
+                            f"{STATUS_TEXT.get(int(raw.status), raw.status)}")
         hit = _first_event(prob.events, bound, raw, solver, p)
         if hit is None:
             pieces.append(EventPiece(t, hi, u, raw=raw, final=hi >= tf))

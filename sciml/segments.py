@@ -19,7 +19,13 @@ import numpy as np
 
 from .problem import Bolus, Infusion, ODEProblem
 
-__all__ = ["Segment", "segments", "segment_problem", "piece_problem", "doses_in"]
+__all__ = ["Segment", "segments", "segment_problem", "piece_problem", "doses_in", "in_span"]
+
+
+def in_span(t, lo, hi, closed):
+    """Which of the times `t` a piece ``[lo, hi)`` holds (``[lo, hi]`` when `closed`: the
+    last piece; a time on a boundary belongs to the later piece, after what happens there)."""
+    return (t >= lo) & ((t < hi) | (closed & (t <= hi)))
 
 
 @dataclass

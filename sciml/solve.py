@@ -24,7 +24,7 @@ from ._validate import (
 )
 from .events import run_events
 from .problem import ODEProblem, problem_list
-from .segments import segment_problem, segments
+from .segments import in_span, segment_problem, segments
 from .solution import Solution, SolveWarning, _Redo, lean_solution
 from .solvers.base import STATUS_TEXT, SUCCESS, RawSolution, Solver
 from .solvers.erk import ExplicitRK, Tsit5
@@ -235,7 +235,7 @@ def _run_segments(solver, prob, saveat, rtol, atol, dt, max_steps):
         last = k == len(segs) - 1
         sv = None
         if saveat is not None:
-            mine = saveat[(saveat >= lo) & ((saveat < hi) | (last & (saveat <= hi)))]
+            mine = saveat[in_span(saveat, lo, hi, last)]
             sv = mine if last else np.append(mine, hi)  # the end state carries on
         raw = solver._run(q, sv, rtol, atol, dt, max_steps, False)
         for key, v in raw.stats.items():
@@ -267,21 +267,15 @@ def _solve_events(solver, prob, saveat, rtol, atol, dt, max_steps):
             if pc.fired:
                 ts.append(np.array([pc.t1])), us.append(pc.u_minus[None, :])
         else:
-            mine = saveat[(saveat >= pc.t0) & ((saveat < pc.t1) | (end & (saveat <= pc.t1)))]
+            mine = saveat[in_span(saveat, pc.t0, pc.t1, end)]
             out = np.empty((mine.shape[0], raw.u.shape[1]))
             if mine.size:
                 solver.interpolate(raw.dense, mine, out)
             ts.append(mine), us.append(out)
-    n = prob.model.n_states
-    status = SUCCESS if not msg else (pieces[-1].raw.status if pieces and pieces[-1].raw
-                                      is not None and pieces[-1].raw.status else 3)
-    if msg and not pieces:
-        status = 3
-    t_end = pieces[-1].t1 if pieces and not msg else (pieces[-1].t1 if pieces else
-                                                          prob.tspan[0])
-    raw = RawSolution(np.concatenate(ts) if ts else np.zeros(0),
-                      np.concatenate(us) if us else np.zeros((0, n)), int(status), float(t_end),
-                      stats, None)
+    last = pieces[-1]  # (a failed solve's piece ends where it stopped)
+    status = int(last.raw.status) if msg else SUCCESS
+    raw = RawSolution(np.concatenate(ts), np.concatenate(us), status, float(last.t1), stats,
+                      None)
     sol = Solution(prob, solver, raw)
     fired = [(pc.t1, k) for pc in pieces for k in pc.fired]
     sol.t_events = np.array([t for t, _ in fired], dtype=np.float64)

@@ -33,7 +33,7 @@ import adjoints
 from ..gradient import loss_and_grad, loss_value
 from ..model import Model
 from ..problem import ODEProblem
-from ..segments import segments
+from ..segments import in_span, segments
 from ..solve import solve
 from ..solvers.kernels.observe import observe_jumps
 from ..steady import steady_state
@@ -938,7 +938,7 @@ class PetabProblem:
         Y = np.empty((len(d.t), len(d.names)))
         for seg in segments(prob, theta):
             lo, hi = seg.tspan
-            for i in np.flatnonzero((d.t >= lo) & ((d.t < hi) | (hi == prob.tspan[1]))):
+            for i in np.flatnonzero(in_span(d.t, lo, hi, hi == prob.tspan[1])):
                 Y[i] = self.model.observe(sol.u[i], seg.p, d.t[i])[cols]
         return Y
 

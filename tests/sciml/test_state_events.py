@@ -127,3 +127,11 @@ def test_many_bounces_and_a_kick(method):
     fd = loss_gradient(prob, data, TH)
     _, g = sciml.loss_and_grad(prob, data, sensealg=method(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(g, fd, rtol=1e-5)
+
+
+def test_a_failed_solve_reports_where_and_why():
+    prob = sciml.ODEProblem(BALL, [1.0, 0.0], (0.0, 3.0), TH, events=[_bounce()])
+    with pytest.warns(sciml.SolveWarning, match="maximum number of steps"):
+        sol = sciml.solve(prob, rtol=1e-10, atol=1e-12, max_steps=3)
+    assert sol.status == "max_steps" and 0.0 < sol.t_end < 3.0
+    assert sol.t[-1] <= sol.t_end and sol.t.shape[0] == sol.u.shape[0] > 1
