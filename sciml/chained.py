@@ -23,12 +23,12 @@ import numpy as np
 import adjoints
 from adjoints.forward import full_sensitivities
 
-from .events import Carried, jump
-from .segments import in_span, piece_problem
+from .events import Carried, jump, run_events
+from .segments import Segment, in_span, piece_problem, segments
 from .solvers import common
 from .solvers.kernels.observe import observe_along, observe_jumps
 
-__all__ = ["observation_loss", "chained", "Continue", "ChangeAt", "EventAt"]
+__all__ = ["observation_loss", "plan", "chained", "Continue", "ChangeAt", "EventAt"]
 
 
 def observation_loss(job, data, loss, U, kern, pieces=None, rows=None):
@@ -145,10 +145,35 @@ class EventAt(Continue):
 # ------------------------------------------------------------------ the chain
 
 
-def chained(job, data, loss, sensealg, pieces, boundaries, grad=True):
-    """``(value, gradient)`` of `loss` over a solve made of `pieces` (`segments.Segment`:
-    span, parameters, the map back to the problem's, doses) joined by `boundaries`
-    (one fewer); ``(message, None)`` if a solve fails."""
+def plan(job):
+    """``(pieces, boundaries)`` of a problem with parameter changes or events at ``job.p``
+    (`segments.Segment`: span, parameters, the map back to the problem's, doses; one
+    boundary fewer), or ``(message, None)`` if locating the events failed."""
+    prob, model = job.prob, job.model
+    if not prob.events:
+        segs = segments(prob, job.p)
+        return segs, [ChangeAt(model, a, b, b.tspan[0], b.time_param)
+                      for a, b in zip(segs, segs[1:])]
+    found, msg = run_events(prob, job.solver, job.p, job.rtol, job.atol, job.dt,
+                            job.max_steps)
+    if msg:
+        return msg, None
+    if found[-1].t1 < prob.tspan[1] and job.obs_t[-1] > found[-1].t1:
+        raise ValueError(f"loss_and_grad: observations after the terminal event at t = "
+                         f"{found[-1].t1:g} (the last at {job.obs_t[-1]:g})")
+    bound = [ev.bound(model) for ev in prob.events]
+    every = np.arange(job.n_params)
+    pieces = [Segment((pc.t0, pc.t1), job.p, every, pc.doses, -1) for pc in found]
+    return pieces, [EventAt(model, bound, pc.fired, pc.t1, job.p, pc.u_plus) if pc.fired
+                    else Continue() for pc in found[:-1]]
+
+
+def chained(job, data, loss, sensealg, grad=True):
+    """``(value, gradient)`` of `loss` over the solve of a problem with parameter changes
+    or events, made of the pieces of `plan`; ``(message, None)`` if a solve fails."""
+    pieces, boundaries = plan(job)
+    if boundaries is None:
+        return pieces, None
     prob, n = job.prob, job.n
     obs = job.obs_t
     forward = grad and isinstance(sensealg, adjoints.ForwardSensitivity)

@@ -124,6 +124,7 @@ class EventPiece:
     u_plus: np.ndarray = None
     raw: object = None
     final: bool = False  # the last piece (the span's end, or a terminal event)
+    doses: tuple = ()  # the single doses given in it (a bolus at its end: only if no event)
 
 
 def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
@@ -154,7 +155,7 @@ def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
                             f"{STATUS_TEXT.get(int(raw.status), raw.status)}")
         hit = _first_event(prob.events, bound, raw, solver, p)
         if hit is None:
-            pieces.append(EventPiece(t, hi, u, raw=raw, final=hi >= tf))
+            pieces.append(EventPiece(t, hi, u, raw=raw, final=hi >= tf, doses=mine))
             if hi >= tf:
                 return pieces, ""
             t, u = hi, np.array(raw.u[-1])
@@ -165,7 +166,9 @@ def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
         for k in fired:
             u_plus = bound[k].apply(u_plus, p, tau)
         stop = any(prob.events[k].terminal for k in fired) or len(pieces) >= max_events
-        pieces.append(EventPiece(t, tau, u, fired, u_minus, u_plus, raw, final=stop))
+        given = tuple(d for d in mine if not isinstance(d, Bolus) or d.time < tau)
+        pieces.append(EventPiece(t, tau, u, fired, u_minus, u_plus, raw, final=stop,
+                                 doses=given))
         if stop:
             return pieces, ""
         horizon = max(2.0 * (tau - t), 1e-6 * (tf - prob.tspan[0]))
@@ -173,8 +176,11 @@ def run_events(prob, solver, p, rtol, atol, dt, max_steps, max_events=10_000):
 
 
 def _doses_from(doses, t, first):
-    return tuple(d for d in doses if not isinstance(d, Bolus) or d.time > t
-                 or (first and d.time == t))
+    """The single doses from `t` on: boluses after it (at it, for the first piece) and
+    infusions not over by then."""
+    return tuple(d for d in doses
+                 if ((d.time > t or (first and d.time == t)) if isinstance(d, Bolus)
+                     else d.start + d.duration > t))
 
 
 def _first_event(events, bound, raw, solver, p):

@@ -24,11 +24,10 @@ from ._validate import (
     check_rtol,
     float_vector,
 )
-from .chained import ChangeAt, Continue, EventAt, chained, observation_loss
+from .chained import chained, observation_loss
 from .data import Data
 from .losses import SSE, Loss
 from .problem import ODEProblem, problem_list
-from .segments import Segment, doses_in, segments
 from .solution import SolveWarning
 from .solvers import common
 from .solvers.base import Solver
@@ -128,7 +127,7 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
     total = 0.0
     for job, d in jobs:
         if job.prob.events or job.prob.changes:
-            v = _chained(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
+            v = chained(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
             if isinstance(v, str):
                 return np.inf
             total += v
@@ -367,7 +366,7 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
 
 def _one(job, data, loss, sensealg):
     if job.prob.events or job.prob.changes:
-        return _chained(job, data, loss, sensealg)
+        return chained(job, data, loss, sensealg)
     try:
         state = sensealg.forward(job)
         value, G, pdir = observation_loss(job, data, loss, state.u, state.sys.m.kern)
@@ -379,40 +378,3 @@ def _one(job, data, loss, sensealg):
     if lam0 is not None and job.prob.u0_function is not None:
         grad = grad + job.prob.initial_vjp(job.p, lam0)  # through u0(p)
     return value, grad
-
-
-def _chained(job, data, loss, sensealg, grad=True):
-    """`_one` for a problem with parameter changes or events: its pieces between them
-    (located at ``job.p``) chained by `sciml.chained`."""
-    from .events import run_events
-
-    prob, model = job.prob, job.model
-    if not prob.events:
-        segs = segments(prob, job.p)
-        return chained(job, data, loss, sensealg, segs,
-                       [ChangeAt(model, a, b, b.tspan[0], b.time_param)
-                        for a, b in zip(segs, segs[1:])], grad)
-    found, msg = run_events(prob, job.solver, job.p, job.rtol, job.atol, job.dt,
-                            job.max_steps)
-    if msg:
-        return msg, None
-    if found[-1].t1 < prob.tspan[1] and job.obs_t[-1] > found[-1].t1:
-        raise ValueError(f"loss_and_grad: observations after the terminal event at t = "
-                         f"{found[-1].t1:g} (the last at {job.obs_t[-1]:g})")
-    bound = [ev.bound(model) for ev in prob.events]
-    every = np.arange(job.n_params)
-    pieces = [Segment((pc.t0, pc.t1), job.p, every, _piece_doses(prob, pc, k), -1)
-              for k, pc in enumerate(found)]
-    boundaries = [EventAt(model, bound, pc.fired, pc.t1, job.p, pc.u_plus) if pc.fired
-                  else Continue() for pc in found[:-1]]
-    return chained(job, data, loss, sensealg, pieces, boundaries, grad)
-
-
-def _piece_doses(prob, pc, k):
-    """The single doses of a piece between events, as `sciml.events.run_events` gives them:
-    boluses at its start only for the first, one on a look-ahead boundary in the piece
-    that ends there."""
-    from .problem import Bolus
-
-    return tuple(d for d in doses_in(prob.doses, pc.t0, pc.t1, not pc.fired)
-                 if not isinstance(d, Bolus) or d.time > pc.t0 or k == 0)

@@ -129,6 +129,21 @@ def test_many_bounces_and_a_kick(method):
     np.testing.assert_allclose(g, fd, rtol=1e-5)
 
 
+def test_an_infusion_before_later_pieces():
+    # a push upward for 0.1 time units, over before the first bounce (and later pieces)
+    prob = sciml.ODEProblem(BALL, [1.0, 0.0], (0.0, 2.0), TH, events=[_bounce()],
+                            doses=[sciml.Infusion(0.0, 0.1, 2.0, "v")])
+    sol = sciml.solve(prob, rtol=1e-10, atol=1e-12, saveat=[2.0])
+    g, e = TH
+    v1, h1 = 0.2 - g * 0.1, 1.0 + 0.1 * 0.1 - g * 0.01 / 2  # after the push
+    t1 = 0.1 + (v1 + np.sqrt(v1 ** 2 + 2 * g * h1)) / g
+    np.testing.assert_allclose(sol.t_events[0], t1, atol=1e-10)
+    assert sol.t_events.size >= 2
+    data = sciml.Data(t=np.array([0.5, 1.5]), y=np.zeros((2, 2)))
+    _, grad = sciml.loss_and_grad(prob, data, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(grad, loss_gradient(prob, data, TH), rtol=1e-6)
+
+
 def test_a_failed_solve_reports_where_and_why():
     prob = sciml.ODEProblem(BALL, [1.0, 0.0], (0.0, 3.0), TH, events=[_bounce()])
     with pytest.warns(sciml.SolveWarning, match="maximum number of steps"):
