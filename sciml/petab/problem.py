@@ -724,8 +724,7 @@ class PetabProblem:
         th_pre, tape_pre = pre["outer"].theta(zv, W)
         if sw:  # the flags as they are at the start of the pre-equilibration
             th_pre = sw.at(th_pre, pre["prob"].tspan[0])
-        res = steady_state(pre["prob"], params=th_pre, solver=self.solver, rtol=self.rtol,
-                           atol=self.atol)
+        res = self._rest(pre["prob"], th_pre)
         if not res.converged:
             return None, None, None
         theta = theta.copy()
@@ -892,13 +891,18 @@ class PetabProblem:
                 sa.error_on_sensitivities, sa.rtol, sa.atol, params=sorted(reached)))
         return m[1]
 
+    def _rest(self, prob, theta):
+        """The steady state of `prob` at the model parameters `theta`, under the problem's
+        solver and tolerances."""
+        return steady_state(prob, params=theta, solver=self.solver, rtol=self.rtol,
+                            atol=self.atol)
+
     def _at_rest(self, sim, prob, theta, grad):
         """``(-llh, its gradient over the model parameters)`` of measurements at steady
         state: observables at the steady state reached from the simulation's start (its
         conserved totals), the gradient through it by the implicit function theorem.
         ``(None, None)`` where none is found."""
-        res = steady_state(prob, params=theta, solver=self.solver, rtol=self.rtol,
-                           atol=self.atol)
+        res = self._rest(prob, theta)
         if not res.converged:
             return None, None
         d, model, n = sim["data"], self.model, self.model.n_states
@@ -920,8 +924,7 @@ class PetabProblem:
     def _observe(self, sim, prob, theta):
         d = sim["data"]
         if sim["steady"]:
-            res = steady_state(prob, params=theta, solver=self.solver, rtol=self.rtol,
-                               atol=self.atol)
+            res = self._rest(prob, theta)
             y = self.model.observe(res.u, theta, prob.tspan[0])
             cols = [self.model.obs_names.index(n) for n in d.names]
             return np.full((len(d.t), len(cols)), np.nan) if not res.converged else \
