@@ -91,12 +91,12 @@ class Continue:
 
 
 class ChangeAt(Continue):
-    """Parameters change from `before` (a segment's) to `after`; ``time_param``: the
-    parameter that is the change's time (-1: a fixed time)."""
+    """Parameters change from segment `before` to segment `after`, at the latter's start
+    (whose ``time_param`` is the parameter that is the change's time, -1 for a fixed one)."""
 
-    def __init__(self, model, before, after, t, time_param):
+    def __init__(self, model, before, after):
         self.model, self.before, self.after = model, before, after
-        self.t, self.time_param = t, time_param
+        self.t, self.time_param = after.tspan[0], after.time_param
 
     def _df(self, u):
         return self.model.rhs(u, self.before.p, self.t) - self.model.rhs(u, self.after.p, self.t)
@@ -152,8 +152,7 @@ def plan(job):
     prob, model = job.prob, job.model
     if not prob.events:
         segs = segments(prob, job.p)
-        return segs, [ChangeAt(model, a, b, b.tspan[0], b.time_param)
-                      for a, b in zip(segs, segs[1:])]
+        return segs, [ChangeAt(model, a, b) for a, b in zip(segs, segs[1:])]
     found, msg = run_events(prob, job.solver, job.p, job.rtol, job.atol, job.dt,
                             job.max_steps)
     if msg:

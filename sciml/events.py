@@ -90,6 +90,12 @@ class _Bound:
     def g(self, u, p, t):
         return float(self._g(u, p[:self.m], t))
 
+    def g_along(self, U, p, ts):
+        """The condition at every row of ``U`` (T, n) and time of `ts`, in one numpy call
+        (the lambdified expression is elementwise)."""
+        return np.broadcast_to(np.asarray(self._g(U.T, p[:self.m], ts), dtype=np.float64),
+                               ts.shape).copy()
+
     def dg(self, u, p, t):
         """``(g_u (n,), g_p (n_params,), g_t)``."""
         d = np.array(self._dg(u, p[:self.m], t), dtype=np.float64)
@@ -189,7 +195,7 @@ def _first_event(events, bound, raw, solver, p):
     ts, us = raw.t, raw.u
     best = None
     for k, (ev, b) in enumerate(zip(events, bound)):
-        s = np.array([b.g(us[i], p, ts[i]) for i in range(ts.shape[0])])
+        s = b.g_along(us, p, ts)
         if s.shape[0] > 1 and s[0] == 0.0:
             s[0] = s[1]  # zero at the start: not an event (only a change after it)
         for i in range(1, s.shape[0]):
