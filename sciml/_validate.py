@@ -135,12 +135,12 @@ def float_vector(value, n, where, name, expected):
     return a
 
 
-def positive_number(name, v, allow_zero=False):
+def positive_number(name, v, allow_zero=False, where="fit"):
     ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (
         v >= 0 if allow_zero else v > 0)
     if not ok:
-        raise ValueError(f"fit: `{name}` must be a finite number {'>=' if allow_zero else '>'}"
-                         f" 0, got {v!r}")
+        raise ValueError(f"{where}: `{name}` must be a finite number "
+                         f"{'>=' if allow_zero else '>'} 0, got {v!r}")
     return float(v)
 
 

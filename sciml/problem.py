@@ -372,7 +372,7 @@ class ODEProblem:
         n, npar = self.model.n_states, self.model.n_params
         if self._u0_fn is None:
             return np.zeros((n, npar))
-        if self._u0_table is None:
+        if self._u0_table is None and hasattr(self._u0_fn, "initial_jacobian"):
             return self._u0_fn.initial_jacobian(self, np.asarray(params, dtype=np.float64))
         return np.stack([self.initial_vjp(params, e) for e in np.eye(n)]) if n else \
             np.zeros((0, npar))

@@ -19,7 +19,7 @@ import numpy as np
 
 from .problem import Bolus, Infusion, ODEProblem
 
-__all__ = ["Segment", "segments", "segment_problem", "piece_problem", "doses_in", "in_span"]
+__all__ = ["Segment", "segments", "piece_problem", "doses_in", "in_span"]
 
 
 def in_span(t, lo, hi, closed):
@@ -103,12 +103,6 @@ def doses_in(doses, lo, hi, last):
                 if a < b:
                     out.append(Infusion(float(a), float(b - a), d.rate, d.state))
     return tuple(out)
-
-
-def segment_problem(prob, seg, u0):
-    """The `ODEProblem` of one segment: from `u0` (the problem's own initial values for
-    the first), over its span, with its parameters and doses."""
-    return piece_problem(prob, seg.tspan, seg.p, seg.doses, u0)
 
 
 def piece_problem(prob, tspan, p, doses, u0):

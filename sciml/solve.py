@@ -24,7 +24,7 @@ from ._validate import (
 )
 from .events import run_events
 from .problem import ODEProblem, problem_list
-from .segments import in_span, segment_problem, segments
+from .segments import in_span, piece_problem, segments
 from .solution import Solution, SolveWarning, _Redo, lean_solution
 from .solvers.base import STATUS_TEXT, SUCCESS, RawSolution, Solver
 from .solvers.erk import ExplicitRK, Tsit5
@@ -230,7 +230,7 @@ def _run_segments(solver, prob, saveat, rtol, atol, dt, max_steps):
     ts, us, stats = [], [], {}
     u, status, t_end = None, SUCCESS, prob.tspan[0]
     for k, seg in enumerate(segs):
-        q = segment_problem(prob, seg, u)
+        q = piece_problem(prob, seg.tspan, seg.p, seg.doses, u)
         lo, hi = seg.tspan
         last = k == len(segs) - 1
         sv = None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._validate import float_vector, positive_number
 from .problem import ODEProblem
 from .solution import SolveWarning
 
@@ -52,13 +53,14 @@ class SteadyState:
     def __init__(self, params=None, u0=None, rtol=1e-8, atol=1e-10, max_iter=50):
         self.params = None if params is None else np.array(params, dtype=np.float64)
         self.start = u0
-        self.rtol, self.atol, self.max_iter = _positive("rtol", rtol), _positive(
-            "atol", atol), int(max_iter)
+        self.rtol = positive_number("rtol", rtol, where="SteadyState")
+        self.atol = positive_number("atol", atol, where="SteadyState")
+        self.max_iter = int(max_iter)
         self._cache = None
         self._pre = None
 
-    #: how `ODEProblem` recognises an initial state given this way (with `state`,
-    #: `initial_vjp` and `initial_jacobian`)
+    #: how `ODEProblem` recognises an initial state given this way (with `state` and
+    #: `initial_vjp`; `initial_jacobian` optional)
     is_initial_state = True
 
     def state(self, prob, params):
@@ -96,12 +98,6 @@ class SteadyState:
             return np.zeros(prob.model.n_params)
         gp, gs = res.vjp(ubar)
         return gp + res.problem.initial_vjp(res.params, gs)
-
-    def initial_jacobian(self, prob, params):
-        """``d u* / d params`` (n_states, n_params)."""
-        n = prob.model.n_states
-        return np.stack([self.initial_vjp(prob, params, e) for e in np.eye(n)]) if n else \
-            np.zeros((0, prob.model.n_params))
 
     def __repr__(self):
         return f"SteadyState(params={'own' if self.params is None else 'fixed'})"
@@ -185,9 +181,12 @@ def steady_state(prob, params=None, solver=None, rtol=1e-8, atol=1e-10, max_iter
     if not isinstance(prob, ODEProblem):
         raise TypeError(f"steady_state: `prob` must be an ODEProblem, got {type(prob).__name__}")
     model = prob.model
-    p = prob.params if params is None else _params(params, model.n_params)
+    p = prob.params if params is None else float_vector(
+        params, model.n_params, "steady_state", "params", f"shape ({model.n_params},) "
+        "(model.n_params)")
     t = prob.tspan[0]
-    rtol, atol = _positive("rtol", rtol), _positive("atol", atol)
+    rtol = positive_number("rtol", rtol, where="steady_state")
+    atol = positive_number("atol", atol, where="steady_state")
     u_start = prob.initial_state(p)
     C = _conservation(model, u_start, p, t)
     c0 = C @ u_start
@@ -216,20 +215,6 @@ def steady_state(prob, params=None, solver=None, rtol=1e-8, atol=1e-10, max_iter
 
 
 # ------------------------------------------------------------------ internals
-
-
-def _positive(name, v):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < np.inf:
-        raise ValueError(f"steady_state: `{name}` must be a number > 0, got {v!r}")
-    return float(v)
-
-
-def _params(params, n):
-    p = np.array(params, dtype=np.float64)
-    if p.shape != (n,):
-        raise ValueError(f"steady_state: `params` must have shape ({n},) (model.n_params), got "
-                         f"{p.shape}")
-    return p
 
 
 def _wrms(f, u, rtol, atol):
