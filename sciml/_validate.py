@@ -151,3 +151,11 @@ def positive_int(name, v, optional=True):
         raise ValueError(f"fit: `{name}` must be a positive int{' or None' if optional else ''}"
                          f", got {v!r}")
     return int(v)
+
+
+def one_of(name, v, choices, where):
+    """``v`` if it is one of ``choices`` (strings), else a ValueError naming the argument."""
+    if not isinstance(v, str) or v not in choices:
+        raise ValueError(f"{where}: `{name}` must be one of {', '.join(map(repr, choices))}, "
+                         f"got {v!r}")
+    return v

@@ -27,7 +27,8 @@ from .derivatives import Kernels
 __all__ = ["Assembly", "KernelSet"]
 
 # kernel name -> (traced function, Kernels method)
-KINDS = {"rhs": ("f", "values"), "jac": ("f", "jac"), "paramjac": ("f", "paramjac"),
+KINDS = {"rhs": ("f", "values"), "jac": ("f", "jac"), "spjac": ("f", "spjac"),
+         "paramjac": ("f", "paramjac"),
          "vjp": ("f", "vjp"), "hvp": ("f", "hvp"), "obs": ("g", "values"),
          "obs_vjp": ("g", "vjp"), "init": ("u0", "values"), "init_vjp": ("u0", "vjp")}
 
@@ -39,6 +40,8 @@ class KernelSet:
         self.gen = Kernels(traced, specs, n_params)
         self.trees = {}
         self.addresses = {}
+        self.pattern = None  # CSR (indptr, indices) of dF/du, computed on first need
+        self.sparse_ok = None  # whether the values on it have a kernel (no net reads u)
 
     @property
     def ws_size(self):
@@ -142,8 +145,8 @@ _WHAT = {"f": "right-hand side", "g": "observables", "u0": "initial-value functi
 _D = ctypes.POINTER(ctypes.c_double)
 _SIGS = {n: ctypes.CFUNCTYPE(None, *([_D] * k), ctypes.c_double, _D)
          for n, k in (("out", 3), ("vjp", 5), ("hvp", 6))}
-_SHAPES = {"rhs": "out", "jac": "out", "paramjac": "out", "obs": "out", "init": "out",
-           "vjp": "vjp", "obs_vjp": "vjp", "init_vjp": "vjp", "hvp": "hvp"}
+_SHAPES = {"rhs": "out", "jac": "out", "spjac": "out", "paramjac": "out", "obs": "out",
+           "init": "out", "vjp": "vjp", "obs_vjp": "vjp", "init_vjp": "vjp", "hvp": "hvp"}
 _FUNCS = {}
 
 

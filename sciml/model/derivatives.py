@@ -49,7 +49,9 @@ by the calls in turn.
 
 from dataclasses import dataclass
 
+import numpy as np
 import sympy
+from sympy.simplify.cse_main import tree_cse
 
 from . import netcode
 from .code import Assign, At, Kernel, Loop, Note, array, index, natural_key
@@ -86,6 +88,13 @@ def _diff(expr, sym):
     return _clean(sympy.diff(expr, sym))
 
 
+def _row(expr, syms):
+    """The derivatives of ``expr`` by each of ``syms`` (zero without a call for those it
+    does not read: a dense Jacobian of a large model is mostly those)."""
+    fs = expr.free_symbols
+    return [_diff(expr, s) if s in fs else sympy.S.Zero for s in syms]
+
+
 def _free(exprs):
     out = set()
     for e in exprs:
@@ -95,6 +104,10 @@ def _free(exprs):
 
 def _symbols(prefix, n):
     return tuple(sympy.Symbol(f"{prefix}{i}", real=True) for i in range(n))
+
+
+# Blocks of more expressions than this skip sympy's pattern optimisations in `sympy.cse`.
+_LARGE = 2000
 
 
 def ws(i):
@@ -129,7 +142,12 @@ class _Body:
         items = [it for it in items if not (it[2] and it[1] == 0)]
         if not items:
             return
-        repl, reduced = sympy.cse([e for _, e, _ in items], symbols=self._temps, order="none")
+        exprs = [e for _, e, _ in items]
+        if len(items) > _LARGE:
+            # sympy's extra pass over Add/Mul patterns costs more than it saves here
+            repl, reduced = tree_cse(exprs, self._temps, opt_subs={}, order="none")
+        else:
+            repl, reduced = sympy.cse(exprs, symbols=self._temps, order="none")
         for s, e in repl:
             self.add(Assign(s, e))
         for (target, _, add), e in zip(items, reduced):
@@ -353,7 +371,7 @@ class Kernels:
         n = self.n
         dXdu, dXdz, has_du = {}, {}, {}
         for c in self.live:
-            dXdu[c.index] = [[_diff(x, s) for s in self.u] for x in c.inputs]
+            dXdu[c.index] = [_row(x, self.u) for x in c.inputs]
             nested = []
             for k, x in enumerate(c.inputs):
                 for c2 in self.live:
@@ -364,7 +382,7 @@ class Kernels:
             dXdz[c.index] = [t for t in nested if t[3] != 0]
             has_du[c.index] = bool(dXdz[c.index]) or any(e != 0 for r in dXdu[c.index]
                                                          for e in r)
-        dFdu = [[_diff(f, s) for s in self.u] for f in self.F]
+        dFdu = [_row(f, self.u) for f in self.F]
         dFdz = [(i, c, o, _diff(f, z)) for i, f in enumerate(self.F) for c in self.live
                 if has_du[c.index] for o, z in enumerate(c.outputs) if z in f.free_symbols]
         dFdz = [t for t in dFdz if t[3] != 0]
@@ -398,6 +416,65 @@ class Kernels:
             dz = self.slot[c.index]["DZ"] + o * n
             body.add(Loop(jj, 0, n, (Assign(At(J, i * n + jj), b * ws(dz + jj), add=True),)))
         return body.kernel(name, ["J", "u", "p", "t", "ws"], self.base_loads)
+
+    def _reads(self):
+        """``reads(exprs)``: the state indices expressions read, directly or through
+        network calls (a call's outputs depend on all its inputs); and the calls that
+        read states."""
+        col = {s: j for j, s in enumerate(self.u)}
+        through = {}  # a call's output symbol -> the states its inputs read
+
+        def reads(exprs):
+            d = set()
+            for e in exprs:
+                for s in e.free_symbols:
+                    if s in col:
+                        d.add(col[s])
+                    elif s in through:
+                        d |= through[s]
+            return d
+
+        reading = []
+        for c in self.live:
+            d = reads(c.inputs)
+            if d:
+                reading.append(c)
+            for z in c.outputs:
+                through[z] = d
+        return reads, reading
+
+    def sparsity(self):
+        """The structural pattern of dF/du in CSR form: ``(indptr, indices)`` int64, the
+        columns of each row sorted; entry (i, j) is present when F_i reads u_j."""
+        reads, _ = self._reads()
+        rows = [sorted(reads((f,))) for f in self.F]
+        indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        indptr[1:] = np.cumsum([len(r) for r in rows])
+        indices = np.array([j for r in rows for j in r], dtype=np.int64)
+        return indptr, indices
+
+    def spjac(self, name):
+        """``name(Jx, u, p, t, ws)``: the values of dF/du on its `sparsity` pattern, in
+        CSR order (every structural entry written, zero where it cancels).
+
+        Each entry is one symbolic derivative, so the kernel grows with the number
+        of non-zeros, not with n^2. Networks that read states are not supported yet
+        (their Jacobian is the dense kernel's).
+        """
+        if self._reads()[1]:
+            raise NotImplementedError("a sparse Jacobian of a model whose networks read the "
+                                      "states is not supported yet; use the dense one")
+        indptr, indices = self.sparsity()
+        JX = array("Jx")
+        items = []
+        for i, f in enumerate(self.F):
+            for k in range(indptr[i], indptr[i + 1]):
+                items.append((At(JX, int(k)), _diff(f, self.u[int(indices[k])]), False))
+        body = _Body()
+        need_in, fwd, syms = self._forward_needs([e for _, e, _ in items])
+        self._forward_phase(body, need_in, fwd, syms)
+        body.assign(items)
+        return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
 
     def _jac_call(self, body, c, dXdu, dXdz):
         """DZ_c = (net Jacobian) @ (total dX_c/du), with dX_c/du through earlier nets."""

@@ -460,6 +460,63 @@ class Model:
         self._call("jac", (J, u, p), t)
         return J
 
+    @property
+    def jac_sparsity(self):
+        """The structural pattern of df/du from the trace, a ``scipy.sparse.csr_array`` of
+        ones (n_states, n_states): entry (i, j) is stored when f_i reads u_j, directly
+        or through a network. None for a model from hand-written kernels (no trace)."""
+        pat = self._pattern()
+        if pat is None:
+            return None
+        import scipy.sparse as sp
+
+        indptr, indices = pat
+        n = self.n_states
+        return sp.csr_array((np.ones(indices.shape[0]), indices, indptr), shape=(n, n))
+
+    def _pattern(self):
+        """``(indptr, indices)`` of `jac_sparsity` (computed once), or None."""
+        fset = self._asm.sets.get("f")
+        if fset is None:
+            return None
+        if fset.pattern is None:
+            fset.pattern = fset.gen.sparsity()
+        return fset.pattern
+
+    def _sparse_lu(self):
+        """The sparse LU's analysis of this model's pattern (`solvers.kernels.sparse`),
+        computed once."""
+        with self._asm._lock:
+            s = getattr(self, "_lu_analysis", None)
+            if s is None:
+                from sciml.solvers.kernels.sparse import analyse
+
+                indptr, indices = self._pattern()
+                s = self._lu_analysis = analyse(indptr, indices, self.n_states)
+        return s
+
+    def _sparse_jacobian(self):
+        """Whether the model has a kernel for its Jacobian's values on `jac_sparsity` (a
+        traced model whose networks do not read the states)."""
+        fset = self._asm.sets.get("f")
+        if fset is None:
+            return False
+        if fset.sparse_ok is None:
+            fset.sparse_ok = not fset.gen._reads()[1]
+        return fset.sparse_ok
+
+    def spjac(self, u, p, t=0.0):
+        """df/du on its sparsity pattern: a ``scipy.sparse.csr_array`` (n_states, n_states)
+        whose stored entries are those of `jac_sparsity`."""
+        import scipy.sparse as sp
+
+        u, p = self._args(u, p)
+        indptr, indices = self._pattern()
+        Jx = np.empty(indices.shape[0])
+        self._call("spjac", (Jx, u, p), t)
+        n = self.n_states
+        return sp.csr_array((Jx, indices, indptr), shape=(n, n))
+
     def paramjac(self, u, p, t=0.0):
         """df/dp, shape (n_states, n_params)."""
         u, p = self._args(u, p)

@@ -79,6 +79,7 @@ class Solver:
     adaptive = True
     needs = ("rhs",)
     stiff = False
+    linsolve = "dense"
     safety = qmin = qmax = beta1 = beta2 = 0.0
 
     def _loop(self):
@@ -88,6 +89,13 @@ class Solver:
     def _rows(self):
         """Rows of per-step storage."""
         raise NotImplementedError
+
+    def kernels(self, model):
+        """The model kernels a forward solve of ``model`` calls: `needs`, with the
+        Jacobian's values on its pattern instead of the dense one for a sparse solve."""
+        if self.stiff and common.linsolve_kind(model, self.linsolve) == "sparse":
+            return tuple("spjac" if k == "jac" else k for k in self.needs)
+        return self.needs
 
     def engine_tableau(self):
         """The tableau as the compiled loops take it."""
@@ -110,7 +118,9 @@ class Solver:
         n = prob.model.n_states
         p = prob.params if params is None else params
         sched = common.schedule(prob)
-        sys = common.forward_system(prob.kernel_table(*self.needs), p, sched, n, self.stiff)
+        linear = common.linear_algebra(prob.model, self.linsolve) if self.stiff else None
+        sys = common.forward_system(prob.kernel_table(*self.kernels(prob.model)), p, sched, n,
+                                    self.stiff, linear)
         every = saveat is None
         cap = common.capacity(sched, max_steps, None if self.adaptive else dt)
         tab = self.engine_tableau()

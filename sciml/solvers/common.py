@@ -77,14 +77,57 @@ def schedule(prob):
                     da.bolus_a[keep].astype(np.float64))
 
 
-def forward_system(table, params, sched, n, stiff=False):
+LINSOLVES = ("auto", "dense", "sparse")
+
+# "auto" factors densely below this many states, where the dense LU's simple loops win
+AUTO_SPARSE_MIN = 64
+# ... and above it while the sparse factors would hold more than this share of n^2
+AUTO_SPARSE_FILL = 0.25
+
+
+def linsolve_kind(model, linsolve):
+    """``"dense"`` or ``"sparse"``: what `linear_algebra` builds for ``model`` when a solver
+    asks for ``linsolve`` (one of `LINSOLVES`)."""
+    if linsolve == "dense":
+        return "dense"
+    n = model.n_states
+    if linsolve == "auto" and n < AUTO_SPARSE_MIN:
+        return "dense"
+    if not model._sparse_jacobian():
+        if linsolve == "sparse":
+            raise ValueError("linsolve='sparse' needs the Jacobian's values on its sparsity "
+                             "pattern: a model from hand-written kernels, or one whose networks "
+                             "read the states, has only the dense Jacobian; use 'dense'")
+        return "dense"
+    if linsolve == "sparse":
+        return "sparse"
+    return "sparse" if model._sparse_lu().idx.shape[0] <= AUTO_SPARSE_FILL * n * n \
+        else "dense"
+
+
+def linear_algebra(model, linsolve):
+    """Fresh buffers of the implicit steps' linear solves for ``model``: a dense
+    `kernels.structs.Lin`, or a `kernels.sparse.SparseLU` on the model's pattern (its
+    analysis shared, its values this solve's own)."""
+    n = model.n_states
+    if linsolve_kind(model, linsolve) == "dense":
+        return lin(n)
+    s = model._sparse_lu()
+    nnz = s.idx.shape[0]
+    return s._replace(Jx=np.zeros(s.jidx.shape[0]), LU1=np.zeros(nnz), LU2=np.zeros(nnz),
+                      w=np.zeros(n))
+
+
+def forward_system(table, params, sched, n, stiff=False, linear=None):
     """The problem's ODE as the loops integrate it (`kernels.system.Forward`).
 
     ``table`` : the kernel table; ``params`` : the flat parameters; ``stiff`` :
-    with the Rosenbrock linear-algebra buffers.
+    with the implicit steps' linear-algebra buffers, ``linear`` (`linear_algebra`;
+    dense when not given).
     """
     m = Model(table, params, np.zeros(max(int(table[0]), 1)))
-    parts = (m, sched.bolus_offsets(), sched.bolus_i, sched.bolus_a, lin(n) if stiff else _NO_LIN)
+    la = (linear if linear is not None else lin(n)) if stiff else _NO_LIN
+    parts = (m, sched.bolus_offsets(), sched.bolus_i, sched.bolus_a, la)
     if sched.has_rate:
         return Infused(*parts, np.ascontiguousarray(sched.seg_rate))
     return Forward(*parts)

@@ -6,8 +6,11 @@ the step math is `kernels.ros`, shared with every stiff sensitivity loop.
 
 import numpy as np
 
+from sciml._validate import one_of
+
 from . import tableaus
 from .base import Solver
+from .common import LINSOLVES
 from .kernels import ros as _ros
 
 
@@ -35,6 +38,13 @@ class Rodas5(Solver):
         Weight of the previous error in the PI controller (0: plain
         controller); the current error's exponent is
         ``beta1 = 1/5 - 0.75 * beta2``, as for the explicit solvers.
+    linsolve : {"auto", "dense", "sparse"}
+        How W is factored: a dense LU, or a sparse LU on the Jacobian's pattern
+        from the trace (`Model.jac_sparsity`: one fill-reducing analysis per
+        model, then numeric refactorisation each step). ``"auto"`` is dense below
+        `common.AUTO_SPARSE_MIN` states and sparse above while the factors stay
+        sparse (`common.AUTO_SPARSE_FILL`). Sensitivity methods factor densely
+        for now.
 
     References
     ----------
@@ -49,8 +59,10 @@ class Rodas5(Solver):
     needs = ("rhs", "jac")
     stiff = True
 
-    def __init__(self, adaptive=True, safety=0.9, qmin=0.2, qmax=6.0, beta2=0.04):
+    def __init__(self, adaptive=True, safety=0.9, qmin=0.2, qmax=6.0, beta2=0.04,
+                 linsolve="auto"):
         name = type(self).__name__
+        self.linsolve = one_of("linsolve", linsolve, LINSOLVES, name)
         if not isinstance(adaptive, (bool, np.bool_)):
             raise TypeError(f"{name}: `adaptive` must be True or False, got {adaptive!r}")
         self.adaptive = bool(adaptive)

@@ -6,8 +6,8 @@ sizes. The loops call a kernel through its address with a fixed C signature,
 so one compiled loop (cached on disk once) serves every model. The three
 signatures (``double*`` for a C-contiguous float64 array, the time by value):
 
-- ``out(y, u, p, t, ws)``: right-hand side, Jacobian, parameter Jacobian,
-  observables, initial values;
+- ``out(y, u, p, t, ws)``: right-hand side, Jacobian (dense, or the values on
+  its sparsity pattern), parameter Jacobian, observables, initial values;
 - ``vjp(ubar, pbar, v, u, p, t, ws)``: the reverse passes (ubar written, pbar
   added to);
 - ``hvp(ubar, pbar, lam, v, u, p, t, ws)``: the gradient of lam^T (df/du) v.
@@ -28,9 +28,10 @@ from .linked import Linked, call_linked
 
 # Kernel table slots.
 (K_WS, K_RHS, K_JAC, K_PJAC, K_VJP, K_HVP, K_OBS, K_OBS_VJP, K_INIT, K_INIT_VJP, K_AUTONOMOUS,
- K_SIZE) = range(12)
+ K_SPJAC, K_SIZE) = range(13)
 KERNEL_SLOTS = {"rhs": K_RHS, "jac": K_JAC, "paramjac": K_PJAC, "vjp": K_VJP, "hvp": K_HVP,
-                "obs": K_OBS, "obs_vjp": K_OBS_VJP, "init": K_INIT, "init_vjp": K_INIT_VJP}
+                "obs": K_OBS, "obs_vjp": K_OBS_VJP, "init": K_INIT, "init_vjp": K_INIT_VJP,
+                "spjac": K_SPJAC}
 
 _F64 = ir.DoubleType()
 _PTR = _F64.as_pointer()
@@ -105,6 +106,12 @@ def _ov_rhs(m, du, u, t):
 def jac(m, J, u, t):
     """J = df/du, (n, n)."""
     call_out(m.kern[K_JAC], J, u, m.p, t, m.ws)
+
+
+@jit(inline="always")
+def spjac(m, Jx, u, t):
+    """Jx = the values of df/du on the model's sparsity pattern (CSR order)."""
+    call_out(m.kern[K_SPJAC], Jx, u, m.p, t, m.ws)
 
 
 @jit(inline="always")

@@ -32,7 +32,7 @@ from numba.extending import overload
 from sciml._jit import OPTIONS
 
 from . import calls
-from .lu import factor_shifted_into, lu_solve_into
+from .linsolve import lin_factor, lin_jac, lin_solve
 from .structs import Lin, Model
 
 _IMPLS = {}  # hook name -> {system class: implementation}
@@ -144,7 +144,7 @@ class Forward(NamedTuple):
 
     bolus_off : (m + 2,) int64, boluses of stop k at ``bolus_off[k]:bolus_off[k + 1]``
     of ``bolus_i`` (state indices) and ``bolus_a`` (amounts), or empty for none;
-    lin : Rosenbrock buffers (empty for explicit methods).
+    lin : the implicit steps' linear algebra (`linsolve`; empty for explicit methods).
     """
 
     m: Model
@@ -191,15 +191,15 @@ def _fwd_event(sys, z, k):
 
 
 def _fwd_jac(sys, z, t, k):
-    calls.jac(sys.m, sys.lin.J, z, t)
+    lin_jac(sys.m, sys.lin, z, t)
 
 
 def _fwd_factor(sys, ihg):
-    return factor_shifted_into(sys.lin.W1, sys.lin.J, ihg, -1.0, False, sys.lin.piv1)
+    return lin_factor(sys.lin, 1, ihg, -1.0)
 
 
 def _fwd_solve(sys, r):
-    lu_solve_into(r, sys.lin.W1, sys.lin.piv1)
+    lin_solve(sys.lin, 1, r)
 
 
 def _fwd_autonomous(sys):

@@ -1,0 +1,238 @@
+"""Sparse LU on a fixed pattern: the linear algebra of large stiff steps.
+
+An implicit step solves with ``W = ihg I + sign J`` where J has the pattern the
+trace gave (`sciml.model.Model.jac_sparsity`). The pattern never changes, so
+the expensive analysis runs once per model (`analyse`, on the Python side):
+
+1. a fill-reducing symmetric ordering ``q`` of ``pattern(J) + pattern(J)^T +
+   I`` (minimum degree on ``A^T + A``, SuperLU's, via scipy);
+2. the fill pattern of the LU of ``B = W[q][:, q]`` without pivoting
+   (`symbolic`, row by row: row i of the factors is row i of B joined with
+   the rows of U it is eliminated against);
+3. where each stored entry of J lands in the factors (``jmap``) and where the
+   diagonals are.
+
+Each step then refactors numerically on that pattern (`factor`), in compiled
+code, writing only the factor's values: no allocation, no pivot search.
+Diagonal pivots suit these matrices: for small ``h`` they are dominated by
+``ihg I``; when a pivot vanishes the factorisation reports failure and the loop
+retries a smaller step, as it does for a singular dense W. `solve` and
+`solve_transposed` (for adjoints) are the two triangular sweeps each way.
+
+Storage is CSR throughout: row i of the factors at ``ptr[i]:ptr[i + 1]`` of
+``idx`` (sorted columns) and the values; ``diag[i]`` the position of (i, i);
+L's unit diagonal is implied (entries left of ``diag[i]``), U holds the rest.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from sciml._jit import jit
+
+
+class SparseLU(NamedTuple):
+    """A fixed-pattern LU of ``ihg I + sign J`` (see the module text).
+
+    jptr, jidx : J's CSR pattern (the model's); jmap (nnz_J,) : position of each of
+    J's entries in the factors; perm (n,) : the ordering q (row/column i of the
+    factors is q[i] of W); ptr, idx, diag : the factors' pattern; Jx (nnz_J,) : J's
+    values; LU1, LU2 (nnz_LU,) : two factorisations (a system uses one or both);
+    w (n,) : scratch.
+    """
+
+    jptr: np.ndarray
+    jidx: np.ndarray
+    jmap: np.ndarray
+    perm: np.ndarray
+    ptr: np.ndarray
+    idx: np.ndarray
+    diag: np.ndarray
+    Jx: np.ndarray
+    LU1: np.ndarray
+    LU2: np.ndarray
+    w: np.ndarray
+
+
+@jit
+def symbolic(bptr, bidx, n):
+    """The fill pattern of the LU without pivoting of a matrix with CSR pattern
+    ``(bptr, bidx)`` (diagonal present, columns sorted): ``(ptr, idx, diag)``.
+
+    Row i starts as B's row; each column k < i reached, in increasing order,
+    brings in U's row k beyond its diagonal (kept in a sorted linked list).
+    """
+    nxt = np.full(n + 1, -1, dtype=np.int64)  # sorted list of a row's columns; n = end
+    cap = max(2 * bidx.shape[0], 16)
+    idx = np.empty(cap, dtype=np.int64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    diag = np.zeros(n, dtype=np.int64)
+    mark = np.full(n, -1, dtype=np.int64)
+    nnz = 0
+    for i in range(n):
+        head = n  # empty list
+        # B's row (sorted): build the list back to front
+        for p in range(bptr[i + 1] - 1, bptr[i] - 1, -1):
+            j = bidx[p]
+            nxt[j] = head
+            head = j
+            mark[j] = i
+        k = head
+        while k < i:
+            # merge U's row k (columns > k, sorted) after k
+            prev = k
+            for p in range(diag[k] + 1, ptr[k + 1]):
+                j = idx[p]
+                if mark[j] != i:
+                    mark[j] = i
+                    while nxt[prev] < j:
+                        prev = nxt[prev]
+                    nxt[j] = nxt[prev]
+                    nxt[prev] = j
+                    prev = j
+                else:
+                    while prev != j:
+                        prev = nxt[prev]
+            k = nxt[k]
+        j = head
+        while j < n:
+            if nnz >= cap:
+                cap *= 2
+                grown = np.empty(cap, dtype=np.int64)
+                grown[:nnz] = idx[:nnz]
+                idx = grown
+            if j == i:
+                diag[i] = nnz
+            idx[nnz] = j
+            nnz += 1
+            j = nxt[j]
+        ptr[i + 1] = nnz
+    return ptr, idx[:nnz].copy(), diag
+
+
+def analyse(jptr, jidx, n):
+    """The `SparseLU` structure for J's CSR pattern ``(jptr, jidx)`` (n x n)."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import splu
+
+    jptr = np.ascontiguousarray(jptr, dtype=np.int64)
+    jidx = np.ascontiguousarray(jidx, dtype=np.int64)
+    A = sp.csr_array((np.ones(jidx.shape[0]), jidx, jptr), shape=(n, n))
+    S = (A + A.T + sp.eye_array(n, format="csr")).tocsc()
+    S.data[:] = 1.0
+    if n > 2:
+        # Only the column ordering is wanted; a diagonally dominant matrix on the
+        # symmetric pattern keeps SuperLU's pivots on the diagonal.
+        S.setdiag(float(n + 1))
+        # SuperLU factors A Pc with Pc[i, perm_c[i]] = 1: column j is A's column i
+        # where perm_c[i] = j, so the order of columns is perm_c's inverse.
+        perm_c = splu(S, permc_spec="MMD_AT_PLUS_A", diag_pivot_thresh=0.0,
+                      options={"SymmetricMode": True}).perm_c
+        perm = np.argsort(perm_c).astype(np.int64)
+    else:
+        perm = np.arange(n, dtype=np.int64)
+    inv = np.empty(n, dtype=np.int64)
+    inv[perm] = np.arange(n)
+    B = S.tocsr()[perm][:, perm]
+    B.sort_indices()
+    ptr, idx, diag = symbolic(B.indptr.astype(np.int64), B.indices.astype(np.int64), n)
+    rows = np.repeat(np.arange(n), np.diff(jptr))
+    jmap = _positions(ptr, idx, inv[rows], inv[jidx])
+    return SparseLU(jptr, jidx, jmap, perm, ptr, idx, diag, np.zeros(jidx.shape[0]),
+                    np.zeros(idx.shape[0]), np.zeros(idx.shape[0]), np.zeros(n))
+
+
+@jit
+def _positions(ptr, idx, rows, cols):
+    """Position in the factors' storage of each entry (rows[e], cols[e])."""
+    out = np.empty(rows.shape[0], dtype=np.int64)
+    for e in range(rows.shape[0]):
+        i, j = rows[e], cols[e]
+        lo, hi = ptr[i], ptr[i + 1] - 1
+        while lo < hi:  # columns of a row are sorted
+            mid = (lo + hi) // 2
+            if idx[mid] < j:
+                lo = mid + 1
+            else:
+                hi = mid
+        out[e] = lo
+    return out
+
+
+@jit
+def factor(s, LU, ihg, sign):
+    """``LU`` = the factors of ``ihg I + sign J`` (J's values in ``s.Jx``). True if it
+    factored: every pivot finite and non-zero."""
+    ptr, idx, diag, w = s.ptr, s.idx, s.diag, s.w
+    n = diag.shape[0]
+    for q in range(LU.shape[0]):
+        LU[q] = 0.0
+    for e in range(s.Jx.shape[0]):
+        LU[s.jmap[e]] += sign * s.Jx[e]
+    for i in range(n):
+        LU[diag[i]] += ihg
+    for i in range(n):
+        lo, hi = ptr[i], ptr[i + 1]
+        for q in range(lo, hi):
+            w[idx[q]] = LU[q]
+        for q in range(lo, diag[i]):
+            k = idx[q]
+            lik = w[k] / LU[diag[k]]
+            w[k] = lik
+            if lik != 0.0:
+                for r in range(diag[k] + 1, ptr[k + 1]):
+                    w[idx[r]] -= lik * LU[r]
+        for q in range(lo, hi):
+            LU[q] = w[idx[q]]
+            w[idx[q]] = 0.0
+        piv = LU[diag[i]]
+        if piv == 0.0 or not np.isfinite(piv):
+            return False
+    return True
+
+
+@jit
+def solve(s, LU, x):
+    """Overwrite ``x`` with the solution of ``W x = b`` (``x`` holds ``b``)."""
+    ptr, idx, diag, w, perm = s.ptr, s.idx, s.diag, s.w, s.perm
+    n = perm.shape[0]
+    for i in range(n):
+        acc = x[perm[i]]
+        for q in range(ptr[i], diag[i]):
+            acc -= LU[q] * w[idx[q]]
+        w[i] = acc
+    for i in range(n - 1, -1, -1):
+        acc = w[i]
+        for q in range(diag[i] + 1, ptr[i + 1]):
+            acc -= LU[q] * w[idx[q]]
+        w[i] = acc / LU[diag[i]]
+    for i in range(n):
+        x[perm[i]] = w[i]
+        w[i] = 0.0
+
+
+@jit
+def solve_transposed(s, LU, x):
+    """Overwrite ``x`` with the solution of ``W^T x = b`` (``x`` holds ``b``).
+
+    With ``B = W[q][:, q] = L U``: ``U^T`` forward then ``L^T`` backward, both
+    sweeping U's and L's rows as columns.
+    """
+    ptr, idx, diag, w, perm = s.ptr, s.idx, s.diag, s.w, s.perm
+    n = perm.shape[0]
+    for i in range(n):
+        w[i] = x[perm[i]]
+    for i in range(n):
+        wi = w[i] / LU[diag[i]]
+        w[i] = wi
+        if wi != 0.0:
+            for q in range(diag[i] + 1, ptr[i + 1]):
+                w[idx[q]] -= LU[q] * wi
+    for i in range(n - 1, -1, -1):
+        wi = w[i]
+        if wi != 0.0:
+            for q in range(ptr[i], diag[i]):
+                w[idx[q]] -= LU[q] * wi
+    for i in range(n):
+        x[perm[i]] = w[i]
+        w[i] = 0.0

@@ -1,0 +1,205 @@
+"""The sparse Jacobian from the trace and the fixed-pattern sparse LU (`kernels.sparse`).
+
+The pattern is checked against the model's own dependence, the values against
+the dense Jacobian kernel, the symbolic fill against elimination on sets, and
+the factorisation and both solves against numpy; then Rodas5 with the sparse
+LU against Rodas5 with the dense one.
+"""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from numba.core.runtime import _nrt_python, rtsys
+
+import sciml
+from nets import Chain, Dense
+from sciml._jit import jit
+from sciml.solvers import common
+from sciml.solvers.kernels import sparse
+
+
+def robertson_groups(ng):
+    """Robertson's kinetics copied ``ng`` times, rate constants of group i scaled by
+    1 + 0.001 i (diffsol's benchmark)."""
+    def f(u, p, t):
+        out = []
+        for i in range(ng):
+            s = 1 + 0.001 * i
+            a, b, c = u[3 * i], u[3 * i + 1], u[3 * i + 2]
+            r1, r2, r3 = p.k1 * s * a, p.k2 * s * b * b, p.k3 * s * b * c
+            out += [-r1 + r3, r1 - r2 - r3, r2]
+        return out
+    return sciml.Model(f, [f"{c}{i}" for i in range(ng) for c in "abc"], ["k1", "k2", "k3"])
+
+
+def brusselator_1d(N):
+    """The 1-D Brusselator on N cells (Hairer & Wanner II, IV.1), 2N states."""
+    def f(u, p, t):
+        x, y = u[:N], u[N:]
+        c = p.alpha * (N + 1) ** 2
+        dx, dy = [], []
+        for i in range(N):
+            xl, xr = (x[i - 1] if i > 0 else 1.0), (x[i + 1] if i < N - 1 else 1.0)
+            yl, yr = (y[i - 1] if i > 0 else 3.0), (y[i + 1] if i < N - 1 else 3.0)
+            dx.append(1 + x[i] ** 2 * y[i] - 4 * x[i] + c * (xl - 2 * x[i] + xr))
+            dy.append(3 * x[i] - x[i] ** 2 * y[i] + c * (yl - 2 * y[i] + yr))
+        return dx + dy
+    return sciml.Model(f, [f"x{i}" for i in range(N)] + [f"y{i}" for i in range(N)], ["alpha"])
+
+
+def test_pattern_is_what_each_derivative_reads():
+    m = robertson_groups(3)
+    P = m.jac_sparsity
+    assert isinstance(P, sp.csr_array) and P.shape == (9, 9)
+    block = np.array([[1, 1, 1], [1, 1, 1], [0, 1, 0]])  # c reads b only
+    np.testing.assert_array_equal(P.toarray(), np.kron(np.eye(3), block))
+
+
+def test_pattern_through_a_network():
+    net = Chain(1, Dense(3, "tanh"), Dense(1))
+
+    def f(u, p, t, nets):
+        return [-p.k * u[0], nets.U([u[0]])[0] - u[1], u[2]]
+
+    m = sciml.Model(f, ["a", "b", "c"], ["k"], nets={"U": net})
+    np.testing.assert_array_equal(m.jac_sparsity.toarray(),
+                                  [[1, 0, 0], [1, 1, 0], [0, 0, 1]])
+    assert common.linsolve_kind(m, "auto") == "dense"
+    with pytest.raises(ValueError, match="linsolve='sparse'"):
+        common.linsolve_kind(m, "sparse")
+
+
+@pytest.mark.parametrize("model", [robertson_groups(4), brusselator_1d(6)],
+                         ids=["robertson", "brusselator"])
+def test_sparse_values_equal_the_dense_jacobian(rng, model):
+    n = model.n_states
+    p = rng.uniform(0.5, 2.0, size=model.n_params)
+    for _ in range(3):
+        u = rng.normal(size=n)
+        S = model.spjac(u, p, 0.3)
+        np.testing.assert_array_equal(S.indptr, model.jac_sparsity.indptr)
+        np.testing.assert_allclose(S.toarray(), model.jac(u, p, 0.3), rtol=1e-14, atol=1e-14)
+
+
+def _fill_by_sets(B):
+    """Reference fill: Gaussian elimination on the structure, row by row, with sets."""
+    n = B.shape[0]
+    rows = [set(B.indices[B.indptr[i]:B.indptr[i + 1]]) for i in range(n)]
+    upper = []
+    for i in range(n):
+        r = set(rows[i])
+        done = set()
+        while True:
+            ks = sorted(k for k in r if k < i and k not in done)
+            if not ks:
+                break
+            k = ks[0]
+            done.add(k)
+            r |= upper[k]
+        upper.append({j for j in r if j > i})
+        rows[i] = r
+    return rows
+
+
+@pytest.mark.parametrize("n,density", [(1, 1.0), (3, 0.5), (12, 0.2), (40, 0.06)])
+def test_symbolic_fill_matches_elimination(rng, n, density):
+    A = sp.random_array((n, n), density=density, random_state=rng, format="csr")
+    B = (A + sp.eye_array(n)).tocsr()
+    B.sort_indices()
+    ptr, idx, diag = sparse.symbolic(B.indptr.astype(np.int64), B.indices.astype(np.int64), n)
+    ref = _fill_by_sets(B)
+    for i in range(n):
+        row = idx[ptr[i]:ptr[i + 1]]
+        assert list(row) == sorted(ref[i])
+        assert row[diag[i] - ptr[i]] == i
+
+
+def _analysed(rng, n, density):
+    A = sp.random_array((n, n), density=density, random_state=rng, format="csr")
+    A.data *= 10.0 ** rng.uniform(-2, 3, size=A.nnz)
+    A.sort_indices()
+    s = sparse.analyse(A.indptr, A.indices, n)
+    s.Jx[:] = A.data
+    return s, A.toarray()
+
+
+@pytest.mark.parametrize("n,density", [(1, 1.0), (2, 1.0), (7, 0.4), (60, 0.05), (300, 0.01)])
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+def test_factor_and_both_solves_against_numpy(rng, n, density, sign):
+    s, J = _analysed(rng, n, density)
+    ihg = 50.0
+    assert sparse.factor(s, s.LU1, ihg, sign)
+    W = ihg * np.eye(n) + sign * J
+    b = rng.normal(size=n)
+    x, y = b.copy(), b.copy()
+    sparse.solve(s, s.LU1, x)
+    sparse.solve_transposed(s, s.LU1, y)
+    np.testing.assert_allclose(x, np.linalg.solve(W, b), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(y, np.linalg.solve(W.T, b), rtol=1e-9, atol=1e-12)
+    assert not s.w.any()  # the scratch is left clean for the next call
+
+
+def test_a_zero_pivot_reports_failure(rng):
+    s, _ = _analysed(rng, 5, 0.0)  # J = 0, so W = ihg I
+    assert sparse.factor(s, s.LU1, 2.0, -1.0)
+    assert not sparse.factor(s, s.LU1, 0.0, -1.0)
+
+
+def test_ordering_keeps_the_fill_of_a_grid_small():
+    N = 24  # a 5-point Laplacian on N x N: natural order fills the whole band (N^3)
+    L1 = sp.diags_array([1.0, 1.0, 1.0], offsets=[-1, 0, 1], shape=(N, N))
+    A = (sp.kron(L1, sp.eye_array(N)) + sp.kron(sp.eye_array(N), L1)).tocsr()
+    A.sort_indices()
+    s = sparse.analyse(A.indptr, A.indices, N * N)
+    natural = sparse.symbolic(A.indptr.astype(np.int64), A.indices.astype(np.int64), N * N)[1]
+    assert s.idx.shape[0] < 0.5 * natural.shape[0]
+
+
+@jit
+def _many(s, b, x, k):
+    for _ in range(k):
+        sparse.factor(s, s.LU1, 10.0, -1.0)
+        x[:] = b
+        sparse.solve(s, s.LU1, x)
+        sparse.solve_transposed(s, s.LU1, x)
+
+
+def test_no_allocation(rng):
+    s, _ = _analysed(rng, 40, 0.08)
+    b, x = rng.normal(size=40), np.zeros(40)
+    was = _nrt_python.memsys_stats_enabled()
+    _nrt_python.memsys_enable_stats()
+    try:
+        _many(s, b, x, 1)
+        a0 = rtsys.get_allocation_stats().alloc
+        _many(s, b, x, 1)
+        a1 = rtsys.get_allocation_stats().alloc
+        _many(s, b, x, 50)
+        a2 = rtsys.get_allocation_stats().alloc
+        assert (a2 - a1) - (a1 - a0) == 0
+    finally:
+        if not was:
+            _nrt_python.memsys_disable_stats()
+
+
+@pytest.mark.parametrize("model,u0,tf", [
+    (robertson_groups(30), np.tile([1.0, 0.0, 0.0], 30), 1e5),
+    (brusselator_1d(40), np.concatenate([1 + np.sin(2 * np.pi * np.arange(1, 41) / 41),
+                                         np.full(40, 3.0)]), 10.0)], ids=["robertson", "bruss"])
+def test_rodas5_sparse_agrees_with_dense(model, u0, tf):
+    p = np.array([0.04, 3e7, 1e4]) if model.n_params == 3 else np.array([0.02])
+    prob = sciml.ODEProblem(model, u0=u0, tspan=(0.0, tf), params=p)
+    save = np.geomspace(tf * 1e-4, tf, 6)
+    kw = dict(rtol=1e-7, atol=1e-10, saveat=save)
+    dense = sciml.solve(prob, sciml.Rodas5(linsolve="dense"), **kw)
+    sparse_ = sciml.solve(prob, sciml.Rodas5(linsolve="sparse"), **kw)
+    assert dense.success and sparse_.success
+    assert sparse_.stats["n_accepted"] == dense.stats["n_accepted"]
+    np.testing.assert_allclose(np.asarray(sparse_.u), np.asarray(dense.u), rtol=1e-9,
+                               atol=1e-13)
+    assert common.linsolve_kind(model, "auto") == "sparse"
+
+
+def test_linsolve_is_checked():
+    with pytest.raises(ValueError, match="Rodas5: `linsolve` must be one of"):
+        sciml.Rodas5(linsolve="lu")
