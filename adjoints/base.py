@@ -41,6 +41,10 @@ class SensitivityAlgorithm:
         return ("vjp",)
 
     def check_solver(self, solver):
+        if not getattr(solver, "sensitivities", True):
+            raise ValueError(f"{type(self).__name__}: sensitivities through {solver.name} are "
+                             "not available yet; use sciml.Rodas5() (stiff) or an explicit "
+                             "solver for gradients")
         if not solver.adaptive and type(self).__name__ != "DiscreteAdjoint":
             raise ValueError(f"{type(self).__name__} needs an adaptive solver; with a "
                              f"fixed-step {solver.name} use DiscreteAdjoint()")

@@ -18,6 +18,7 @@ from .problem import Bolus, Change, Infusion, ODEProblem
 from .solution import Solution, SolveWarning
 from .solve import solve
 from .solvers import Solver
+from .solvers.bdf import BDF
 from .solvers.erk import BS3, DP5, RK4, Euler, ExplicitRK, Tsit5, Vern7
 from .solvers.rosenbrock import Rodas5
 from .solvers.tableaus import ButcherTableau
@@ -25,7 +26,7 @@ from .steady import SteadyState, SteadyStateResult, steady_state
 
 __all__ = [
     "Model", "NeuralODE", "ODEProblem", "Bolus", "Infusion", "Change", "Event", "solve", "Solution",
-    "SolveWarning", "Solver", "Tsit5", "DP5", "BS3", "Vern7", "RK4", "Euler", "Rodas5",
+    "SolveWarning", "Solver", "Tsit5", "DP5", "BS3", "Vern7", "RK4", "Euler", "Rodas5", "BDF",
     "ModelError", "ExplicitRK", "ButcherTableau", "Data", "SSE", "GaussianNLL",
     "loss_and_grad", "loss_value", "Population",
     "fit", "FitResult", "FitWarning", "LBFGS",

@@ -80,6 +80,7 @@ class Solver:
     needs = ("rhs",)
     stiff = False
     linsolve = "dense"
+    sensitivities = True  # the sensitivity methods can step through the family
     safety = qmin = qmax = beta1 = beta2 = 0.0
 
     def _loop(self):

@@ -66,6 +66,14 @@ class RosTableau(NamedTuple):
     order: int
 
 
+class BDFTableau(NamedTuple):
+    """The BDF family (`bdf`): ``kappa`` (max_order + 1,) the NDF coefficients (zeros: the
+    classical BDFs) and the highest order used."""
+
+    kappa: np.ndarray
+    max_order: int
+
+
 class Control(NamedTuple):
     """Step-size control: the error of ``z[:n_err]`` (``n_err = atol.shape[0]``) in the
     weighted RMS norm with ``rtol`` and ``atol``; Hairer's PI controller (``safety``,

@@ -1,0 +1,411 @@
+"""The variable-order BDF loop: numerical differentiation formulas of orders 1 to 5.
+
+The method is the quasi-constant-step NDF family of Shampine & Reichelt ("The
+MATLAB ODE Suite", SIAM J. Sci. Comput. 18, 1997), in backward differences:
+the history is the array ``D`` of differences ``D[0] = y_n, D[j] = nabla^j
+y_n`` (scaled to the current step), so a step-size change by a factor ``r``
+is a small linear map of ``D`` (`rescale`) and an order change costs nothing.
+
+A step of order k from t with step h:
+
+- predictor ``y0 = sum_{j<=k} D[j]``, and ``psi = sum_{1<=j<=k} gamma_j D[j] /
+  alpha_k``;
+- corrector: simplified Newton on ``d = y - y0`` solving
+  ``d - c f(t + h, y0 + d) + psi = 0`` with ``c = h / alpha_k``, using
+  ``(I - c J)`` with J kept across steps: J is refreshed only when Newton
+  fails to converge with an old one, the factorisation whenever c changes;
+- local error ``err = error_k * d``, weighted RMS norm as every loop's;
+- on acceptance the differences are updated from ``d``; after k + 1 steps of
+  the same size the order may move by one where the error estimates at
+  orders k - 1 and k + 1 allow a larger step.
+
+``alpha_k = (1 - kappa_k) gamma_k``, ``gamma_k = sum_{j<=k} 1/j``, ``error_k =
+kappa_k gamma_k + 1 / (k + 1)``; ``kappa = (0, -0.185, -1/9, -0.0823,
+-0.0415)`` gives the NDFs (kappa = 0 the classical BDFs).
+
+The loop lands on stops like the other families; a dose restarts it at
+order 1. Dense output is the Newton backward-difference interpolant of the
+step's differences: ``y(t_n + s h) = D[0] + sum_j D[j] prod_{m<j} (s + m) /
+(m + 1)`` (s in [-1, 0]); a stored step keeps ``D[0..k]`` and its order.
+"""
+
+import math
+
+import numpy as np
+
+from sciml._jit import borrow, jit, keep_alive
+
+from .control import (
+    DT_UNDERFLOW,
+    MAX_STEPS,
+    NEED_STORAGE,
+    NONFINITE,
+    SUCCESS,
+    all_finite,
+    hinit,
+    hmin,
+)
+from .erk import find_step
+from .structs import S_NACC, S_NFEV, S_NJAC, S_NLU, S_NREJ, S_NSAVE
+from .system import sys_event, sys_f, sys_factor, sys_jac, sys_solve
+
+MAX_ORDER = 5
+NEWTON_MAXITER = 4
+MIN_FACTOR = 0.2
+MAX_FACTOR = 10.0
+
+
+@jit(inline="always")
+def _wrms(ctl, v, y):
+    """Weighted RMS norm of ``v[:n_err]``, scale ``atol_i + rtol |y_i|``."""
+    atol = ctl.atol
+    n = atol.shape[0]
+    acc = 0.0
+    for i in range(n):
+        r = v[i] / (atol[i] + ctl.rtol * abs(y[i]))
+        acc += r * r
+    return math.sqrt(acc / max(n, 1))
+
+
+@jit(inline="always")
+def _ru(R, U, order, factor):
+    """``R = M(factor) M(1)`` for the difference array's rescaling, ``(order + 1)`` square:
+    ``M(r)[i, j] = prod_{m=1..i} (m - 1 - r j) / m`` (rows i, columns j)."""
+    for j in range(order + 1):
+        R[0, j] = 1.0
+        U[0, j] = 1.0
+        for i in range(1, order + 1):
+            R[i, j] = R[i - 1, j] * (i - 1 - factor * j) / i
+            U[i, j] = U[i - 1, j] * (i - 1 - 1.0 * j) / i
+
+
+@jit(inline="always")
+def rescale(D, order, factor, R, U, T):
+    """``D[:order + 1]`` rescaled to a step ``factor`` times the current one: ``D <-
+    (R U)^T D`` (R from `_ru`); R, U, T (6, 6) scratch."""
+    _ru(R, U, order, factor)
+    k1 = order + 1
+    for i in range(k1):
+        for j in range(k1):
+            acc = 0.0
+            for m in range(k1):
+                acc += R[i, m] * U[m, j]
+            T[i, j] = acc
+    nz = D.shape[1]
+    col = R[0]  # R is spent: its first row holds one state's new differences
+    for m in range(nz):
+        for j in range(k1):
+            acc = 0.0
+            for i in range(k1):
+                acc += T[i, j] * D[i, m]
+            col[j] = acc
+        for j in range(k1):
+            D[j, m] = col[j]
+
+
+@jit(inline="always")
+def bdf_interp(out, s, D, order):
+    """The backward-difference interpolant at ``s = (t - t_n) / h`` (s in [-1, 0])."""
+    for m in range(out.shape[0]):
+        out[m] = D[0, m]
+    w = 1.0
+    for j in range(1, order + 1):
+        w *= (s + (j - 1)) / j
+        for m in range(out.shape[0]):
+            out[m] += w * D[j, m]
+
+
+@jit(inline="always")
+def _restart(D, z, f, h):
+    """Order 1 from state ``z`` with ``f`` its rate: ``D[0] = z, D[1] = h f``."""
+    for m in range(z.shape[0]):
+        D[0, m] = z[m]
+        D[1, m] = h * f[m]
+    for j in range(2, D.shape[0]):
+        for m in range(z.shape[0]):
+            D[j, m] = 0.0
+
+
+@jit
+def bdf_integrate(sys, tab, ctl, stops, z, rec):
+    """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with the variable-order NDF/BDF.
+
+    As `erk.erk_integrate` (stops, events, record, status); a step cut short to land on a
+    stop resumes its size after it. ``tab`` (`structs.BDFTableau`)
+    holds kappa and the order bound. Stored steps hold ``D[0..order]`` (rows ``MAX_ORDER +
+    1``) with the order in ``d_have``.
+
+    Returns
+    -------
+    (status, t)
+    """
+    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))  # see sciml._jit
+    nz = z.shape[0]
+    max_order = tab.max_order
+    own = np.zeros((MAX_ORDER + 3 + 6, nz))
+    buf = borrow(own)
+    D = buf[:MAX_ORDER + 3]
+    ypred, psi, d, y, f, sc = (buf[MAX_ORDER + 3], buf[MAX_ORDER + 4], buf[MAX_ORDER + 5],
+                               buf[MAX_ORDER + 6], buf[MAX_ORDER + 7], buf[MAX_ORDER + 8])
+    ownm = np.zeros((3, 6, 6))
+    mats = borrow(ownm)
+    R, U, T = mats[0], mats[1], mats[2]
+    gamma = np.zeros(MAX_ORDER + 2)
+    alpha = np.zeros(MAX_ORDER + 2)
+    errc = np.zeros(MAX_ORDER + 2)
+    for k_ in range(1, MAX_ORDER + 2):
+        gamma[k_] = gamma[k_ - 1] + 1.0 / k_
+    for k_ in range(MAX_ORDER + 2):
+        kap = tab.kappa[k_] if k_ < tab.kappa.shape[0] else 0.0
+        alpha[k_] = (1.0 - kap) * gamma[k_]
+        errc[k_] = kap * gamma[k_] + 1.0 / (k_ + 1)
+    save_t, save_z, all_t = rec.save_t, rec.save_z, rec.all_t
+    d_t, d_z, d_k, d_have, d_seg = rec.d_t, rec.d_z, rec.d_k, rec.d_have, rec.d_seg
+    every, dense = rec.every, rec.dense
+    nseg = stops.shape[0] - 1
+    tf = stops[nseg]
+    t = stops[0]
+    sys_event(sys, z, 0)
+    ns = save_t.shape[0]
+    sp = 0
+    nsave = 0
+    if every:
+        all_t[0] = t
+        save_z[0, :] = z
+        nsave = 1
+    else:
+        while sp < ns and save_t[sp] <= t:
+            save_z[sp, :] = z
+            sp += 1
+    if dense:
+        d_t[0] = t
+        d_z[0, :] = z
+    nfev = njac = nlu = nacc = nrej = 0
+    status = SUCCESS
+    newton_tol = max(10.0 * 2.220446049250313e-16 / ctl.rtol, min(0.03, math.sqrt(ctl.rtol)))
+    # the first step: Hairer's estimate for order 1, or the given h0
+    sys_f(sys, f, z, t, 0)
+    nfev += 1
+    k = 0
+    if not all_finite(f):
+        status = NONFINITE
+        nseg = 0
+    h = ctl.h0
+    if not h > 0.0:
+        h = hinit(sys, ctl, z, f, t, 0, 1, tf - t, y, psi)
+        nfev += 1
+    order = 1
+    _restart(D, z, f, h)
+    h_want = 0.0  # the step a stop cut short, resumed after it
+    n_equal = 0
+    jac_current = False
+    lu_stale = True
+    need_jac = True
+    c = 0.0
+    while k < nseg:
+        if nacc + nrej >= ctl.max_steps:
+            status = MAX_STEPS
+            break
+        if (every and nsave >= all_t.shape[0]) or (dense and nacc >= d_k.shape[0]):
+            status = NEED_STORAGE
+            break
+        t_stop = stops[k + 1]
+        # shorten a step that would pass the stop (or leave a sliver before it)
+        if t + 1.01 * h >= t_stop and t + h != t_stop:
+            hn = t_stop - t
+            rescale(D, order, hn / h, R, U, T)
+            h_want = max(h_want, h)
+            h = hn
+            n_equal = 0
+            lu_stale = True
+        t_new = t + h
+        lands = t_new >= t_stop
+        if lands:
+            t_new = t_stop
+        if not t_new > t or h < hmin(t):
+            status = DT_UNDERFLOW
+            break
+        if need_jac:
+            sys_jac(sys, z, t, k)
+            njac += 1
+            need_jac = False
+            jac_current = True
+            lu_stale = True
+        if lu_stale:
+            c = h / alpha[order]
+            nlu += 1
+            if not sys_factor(sys, 1.0 / c):
+                # singular: a smaller step moves 1/c away from J's spectrum
+                rescale(D, order, 0.5, R, U, T)
+                h *= 0.5
+                n_equal = 0
+                nrej += 1
+                continue
+            lu_stale = False
+        # ---- predictor
+        for m in range(nz):
+            acc = 0.0
+            for j in range(order + 1):
+                acc += D[j, m]
+            ypred[m] = acc
+            acc = 0.0
+            for j in range(1, order + 1):
+                acc += gamma[j] * D[j, m]
+            psi[m] = acc / alpha[order]
+            d[m] = 0.0
+            y[m] = ypred[m]
+            sc[m] = 0.0
+        # ---- corrector: simplified Newton, convergence judged by its contraction rate
+        converged = False
+        old_norm = -1.0
+        for it in range(NEWTON_MAXITER):
+            sys_f(sys, f, y, t_new, k)
+            nfev += 1
+            if not all_finite(f):
+                break
+            for m in range(nz):
+                f[m] = f[m] - (psi[m] + d[m]) / c  # W = I/c - J: W dy = f - (psi + d) / c
+            sys_solve(sys, f)
+            dn = _wrms(ctl, f, y)
+            rate = dn / old_norm if old_norm > 0.0 else -1.0
+            if rate >= 1.0 or (rate > 0.0 and
+                               rate ** (NEWTON_MAXITER - it) / (1.0 - rate) * dn > newton_tol):
+                break
+            for m in range(nz):
+                y[m] += f[m]
+                d[m] += f[m]
+            if dn == 0.0 or (rate > 0.0 and rate / (1.0 - rate) * dn < newton_tol):
+                converged = True
+                break
+            old_norm = dn
+        if not converged:
+            if not jac_current:
+                need_jac = True  # try again with a fresh Jacobian, same step
+                continue
+            rescale(D, order, 0.5, R, U, T)
+            h *= 0.5
+            n_equal = 0
+            lu_stale = True
+            nrej += 1
+            continue
+        # ---- error test
+        for m in range(nz):
+            sc[m] = errc[order] * d[m]
+        en = _wrms(ctl, sc, y)
+        if not (en <= 1.0):
+            nrej += 1
+            fac = max(MIN_FACTOR, 0.9 * en ** (-1.0 / (order + 1))) if en == en else MIN_FACTOR
+            rescale(D, order, fac, R, U, T)
+            h *= fac
+            n_equal = 0
+            lu_stale = True
+            continue
+        # ---- accepted
+        nacc += 1
+        jac_current = False
+        n_equal += 1
+        for m in range(nz):
+            D[order + 2, m] = d[m] - D[order + 1, m]
+            D[order + 1, m] = d[m]
+        for j in range(order, -1, -1):
+            for m in range(nz):
+                D[j, m] += D[j + 1, m]
+        if dense or (not every and sp < ns and save_t[sp] < t_new):
+            if dense:
+                row = d_k[nacc - 1]
+                for j in range(order + 1):
+                    for m in range(nz):
+                        row[j, m] = D[j, m]
+                d_have[nacc - 1] = order
+                d_seg[nacc - 1] = k
+            while not every and sp < ns and save_t[sp] < t_new:
+                bdf_interp(save_z[sp], (save_t[sp] - t_new) / h, D, order)
+                sp += 1
+        t = t_new
+        for m in range(nz):
+            z[m] = D[0, m]
+        if lands:
+            k += 1
+            if sys_event(sys, z, k) and k < nseg:
+                # a dose: the history no longer describes the state
+                order = 1
+                sys_f(sys, f, z, t, k)
+                nfev += 1
+                if ctl.h0 > 0.0:
+                    h = ctl.h0
+                else:
+                    h = min(hinit(sys, ctl, z, f, t, k, 1, tf - t, y, psi), max(h, h_want))
+                    nfev += 1
+                _restart(D, z, f, h)
+                n_equal = 0
+                lu_stale = True
+                need_jac = True
+            elif h_want > h:
+                rescale(D, order, h_want / h, R, U, T)
+                h = h_want
+                n_equal = 0
+                lu_stale = True
+            h_want = 0.0
+        # ---- the next step's size and order (after order + 1 steps of one size)
+        if k < nseg and n_equal >= order + 1:
+            en_m = np.inf
+            en_p = np.inf
+            if order > 1:
+                for m in range(nz):
+                    sc[m] = errc[order - 1] * D[order, m]
+                en_m = _wrms(ctl, sc, z)
+            if order < max_order:
+                for m in range(nz):
+                    sc[m] = errc[order + 1] * D[order + 2, m]
+                en_p = _wrms(ctl, sc, z)
+            best = en ** (-1.0 / (order + 1)) if en > 0.0 else MAX_FACTOR
+            delta = 0
+            fm = en_m ** (-1.0 / order) if en_m > 0.0 else MAX_FACTOR
+            fp = en_p ** (-1.0 / (order + 2)) if en_p > 0.0 else MAX_FACTOR
+            if order > 1 and fm > best:
+                best = fm
+                delta = -1
+            if order < max_order and fp > best:
+                best = fp
+                delta = 1
+            order += delta
+            fac = min(MAX_FACTOR, 0.9 * best)
+            rescale(D, order, fac, R, U, T)
+            h *= fac
+            n_equal = 0
+            lu_stale = True
+        if every:
+            all_t[nsave] = t
+            save_z[nsave, :] = z
+            nsave += 1
+        else:
+            while sp < ns and save_t[sp] <= t:
+                save_z[sp, :] = z
+                sp += 1
+        if dense:
+            d_t[nacc] = t
+            d_z[nacc, :] = z
+    keep_alive(own)
+    keep_alive(ownm)
+    st = rec.stats
+    st[S_NFEV] = nfev
+    st[S_NACC] = nacc
+    st[S_NREJ] = nrej
+    st[S_NSAVE] = nsave if every else sp
+    st[S_NJAC] = njac
+    st[S_NLU] = nlu
+    return status, t
+
+
+@jit
+def bdf_store_eval(rec, n_steps, tq, out):
+    """Dense output at sorted times ``tq`` (q,) into ``out`` (q, nz), right-continuous."""
+    j = 0
+    for q in range(tq.shape[0]):
+        tt = tq[q]
+        if n_steps == 0 or tt >= rec.d_t[n_steps]:
+            out[q, :] = rec.d_z[n_steps]
+            continue
+        j = find_step(rec, n_steps, tt, -1, j)
+        h = rec.d_t[j + 1] - rec.d_t[j]
+        bdf_interp(out[q], (tt - rec.d_t[j + 1]) / h, rec.d_k[j], rec.d_have[j])
