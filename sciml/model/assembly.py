@@ -41,7 +41,6 @@ class KernelSet:
         self.trees = {}
         self.addresses = {}
         self.pattern = None  # CSR (indptr, indices) of dF/du, computed on first need
-        self.sparse_ok = None  # whether the values on it have a kernel (no net reads u)
 
     @property
     def ws_size(self):
@@ -131,7 +130,7 @@ class Assembly:
     def source(self, title):
         """Every kernel of the model rendered as Python (generating any not generated yet)."""
         trees = [s.tree(n, m) for n, (fn, m) in KINDS.items() for s in [self.sets.get(fn)]
-                 if s is not None]
+                 if s is not None and (n != "spjac" or s.gen.has_spjac)]
         for ks in self._initial.values():
             trees += [ks.tree("init", "values"), ks.tree("init_vjp", "vjp")]
         return code.python_source(title, trees, [("WS_SIZE", int(self.ws_size))])

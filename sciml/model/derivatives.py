@@ -443,6 +443,13 @@ class Kernels:
                 through[z] = d
         return reads, reading
 
+    @property
+    def has_spjac(self):
+        """Whether `spjac` can be generated: no network call reads the states."""
+        if not hasattr(self, "_has_spjac"):
+            self._has_spjac = not self._reads()[1]
+        return self._has_spjac
+
     def sparsity(self):
         """The structural pattern of dF/du in CSR form: ``(indptr, indices)`` int64, the
         columns of each row sorted; entry (i, j) is present when F_i reads u_j."""
@@ -461,7 +468,7 @@ class Kernels:
         of non-zeros, not with n^2. Networks that read states are not supported yet
         (their Jacobian is the dense kernel's).
         """
-        if self._reads()[1]:
+        if not self.has_spjac:
             raise NotImplementedError("a sparse Jacobian of a model whose networks read the "
                                       "states is not supported yet; use the dense one")
         indptr, indices = self.sparsity()

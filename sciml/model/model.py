@@ -499,11 +499,7 @@ class Model:
         """Whether the model has a kernel for its Jacobian's values on `jac_sparsity` (a
         traced model whose networks do not read the states)."""
         fset = self._asm.sets.get("f")
-        if fset is None:
-            return False
-        if fset.sparse_ok is None:
-            fset.sparse_ok = not fset.gen._reads()[1]
-        return fset.sparse_ok
+        return fset is not None and fset.gen.has_spjac
 
     def spjac(self, u, p, t=0.0):
         """df/du on its sparsity pattern: a ``scipy.sparse.csr_array`` (n_states, n_states)

@@ -1,0 +1,281 @@
+"""Benchmark ``stiff_scaling``: large stiff systems, ours against pydiffsol, scipy and diffrax.
+
+Robertson's kinetics copied ``ngroups`` times (3 * ngroups states), the rate
+constants of group i scaled by s_i = 1 + 0.001 i (so the copies differ and
+no solver can share work between them), u(0) = (1, 0, 0) per group, solved
+to t = 1e5 at rtol = tol and atol = 1e-4 tol for tol in 1e-4 and 1e-8, the
+state saved at the end. Group i is the base problem in time s_i t, so one
+Radau solve of the 3-state system at rtol 1e-12 is the reference for every
+group; the error column is the largest relative error of any state there
+(against max(|u|, 1e-8)).
+
+- ours: `sciml.BDF()` and `sciml.Rodas5()`, both with ``linsolve="auto"``
+  (dense LU below 16 states, the sparse LU of the trace's pattern above);
+- pydiffsol (diffsol's Python binding, Rust with its own LLVM JIT): BDF,
+  nalgebra dense below 20 groups and faer sparse LU above, as its own
+  benchmark does;
+- scipy ``solve_ivp(method="BDF")`` with a vectorised numpy right-hand side
+  and ``jac_sparsity`` (up to 1,000 groups);
+- diffrax Kvaerno5 (jitted, dense Jacobian, PID controller) up to 10 groups.
+
+Timings are medians of alternating rounds after a first call; "first" is the
+first call in this process (our model's kernels compiled, the engine loaded
+from its disk cache; pydiffsol's JIT counted in its build), "build" the
+model's construction. Run as ``python -m benchmarks.stiff_scaling [--quick]
+[--groups 1,10,100,1000] [--json PATH]``.
+"""
+
+import json
+import os
+import time
+
+import numpy as np
+from scipy.integrate import solve_ivp
+
+from benchmarks import _harness as H
+
+K = (0.04, 3e7, 1e4)
+T_END = 1e5
+
+
+def scales(ng):
+    return 1.0 + 0.001 * np.arange(ng)
+
+
+def ours_model(ng):
+    import sciml
+
+    def f(u, p, t):
+        out = []
+        for i in range(ng):
+            s = 1 + 0.001 * i
+            a, b, c = u[3 * i], u[3 * i + 1], u[3 * i + 2]
+            r1, r2, r3 = p.k1 * s * a, p.k2 * s * b * b, p.k3 * s * b * c
+            out += [-r1 + r3, r1 - r2 - r3, r2]
+        return out
+
+    return sciml.Model(f, [f"{c}{i}" for i in range(ng) for c in "abc"], ["k1", "k2", "k3"])
+
+
+def diffsl(ng):
+    s = ", ".join(repr(float(v)) for v in scales(ng))
+    return f"""
+k1 {{ {K[0]} }}
+k2 {{ {K[1]} }}
+k3 {{ {K[2]} }}
+s_i {{ {s} }}
+u_i {{
+(0:{ng}): x = 1,
+({ng}:{2 * ng}): y = 0,
+({2 * ng}:{3 * ng}): z = 0,
+}}
+F_i {{
+ -k1 * s_i * x_i + k3 * s_i * y_i * z_i,
+ k1 * s_i * x_i - k2 * s_i * y_i * y_i - k3 * s_i * y_i * z_i,
+ k2 * s_i * y_i * y_i,
+}}
+"""
+
+
+def reference(ng):
+    """(ng, 3) states at T_END, group by group (interleaved order)."""
+    def f(t, u):
+        a, b, c = u
+        return [-K[0] * a + K[2] * b * c, K[0] * a - K[1] * b * b - K[2] * b * c, K[1] * b * b]
+
+    ts = np.unique(scales(ng) * T_END)
+    sol = solve_ivp(f, (0.0, ts[-1]), [1.0, 0.0, 0.0], method="Radau", rtol=1e-12,
+                    atol=1e-20, t_eval=ts, dense_output=False)
+    vals = {t: sol.y[:, k] for k, t in enumerate(ts)}
+    return np.array([vals[t] for t in scales(ng) * T_END])
+
+
+def rel_error(u, ref):
+    return float(np.max(np.abs(u - ref) / np.maximum(np.abs(ref), 1e-8)))
+
+
+def timed(name, run, first=None):
+    """An `H.Impl` whose rounds last about 50 ms: ``first()`` (default ``run``) is the
+    timed first call, after which ``units`` calls of ``run`` make a round."""
+    imp = H.Impl(name)
+
+    def warmup():
+        t0 = time.perf_counter()
+        (first or run)()
+        t1 = time.perf_counter()
+        run()
+        imp.units = max(1, int(0.05 / max(time.perf_counter() - t1, 1e-6)))
+        return t1 - t0
+
+    def many():
+        for _ in range(imp.units):
+            run()
+
+    imp.run, imp.warmup = many, warmup
+    return imp
+
+
+def impls(ng, tol):
+    import sciml
+
+    ref = reference(ng)
+    out, quality = [], {}
+    n = 3 * ng
+    atol = 1e-4 * tol
+
+    # ---- ours
+    t0 = time.perf_counter()
+    model = ours_model(ng)
+    build = time.perf_counter() - t0
+    prob = sciml.ODEProblem(model, u0=np.tile([1.0, 0.0, 0.0], ng), tspan=(0.0, T_END),
+                            params=np.array(K))
+    for name, solver in (("ours-BDF", sciml.BDF()), ("ours-Rodas5", sciml.Rodas5())):
+        box = {}
+
+        def run(solver=solver, box=box):
+            box["sol"] = sciml.solve(prob, solver, rtol=tol, atol=atol, saveat=[T_END])
+
+        out.append(timed(name, run))
+        quality[name] = (box, lambda box: np.asarray(box["sol"].u)[-1].reshape(ng, 3),
+                         {"build_s": build})
+
+    # ---- pydiffsol
+    ds, err = H.optional_import("pydiffsol")
+    if ds is None:
+        out.append(H.Impl("pydiffsol-BDF", error=err))
+    else:
+        box = {}
+
+        def build_ds(box=box):
+            t0 = time.perf_counter()
+            mt = ds.nalgebra_dense if ng < 20 else ds.faer_sparse
+            ode = ds.Ode(diffsl(ng), matrix_type=mt, scalar_type=ds.f64)
+            ode.ode_solver = ds.bdf
+            ode.rtol, ode.atol = tol, atol
+            box["ode"], box["build_s"] = ode, time.perf_counter() - t0
+            run_ds()
+
+        def run_ds(box=box):
+            box["y"] = np.asarray(box["ode"].solve_dense(np.array([]), np.array([T_END])).ys)
+
+        out.append(timed("pydiffsol-BDF", run_ds, build_ds))
+        # diffsol orders the states x..., y..., z...
+        quality["pydiffsol-BDF"] = (box, lambda box: box["y"][:, -1].reshape(3, ng).T, {})
+
+    # ---- scipy
+    if ng <= 1000:
+        s = np.repeat(scales(ng), 3).reshape(ng, 3)[:, 0]
+
+        def f_np(t, u):
+            a, b, c = u[0::3], u[1::3], u[2::3]
+            r1, r2, r3 = K[0] * s * a, K[1] * s * b * b, K[2] * s * b * c
+            du = np.empty_like(u)
+            du[0::3], du[1::3], du[2::3] = -r1 + r3, r1 - r2 - r3, r2
+            return du
+
+        pattern = model.jac_sparsity
+        box = {}
+
+        def run_sp(box=box):
+            box["sol"] = solve_ivp(f_np, (0.0, T_END), np.tile([1.0, 0.0, 0.0], ng),
+                                   method="BDF", rtol=tol, atol=atol, jac_sparsity=pattern,
+                                   t_eval=[T_END])
+
+        out.append(timed("scipy-BDF", run_sp))
+        quality["scipy-BDF"] = (box, lambda box: box["sol"].y[:, -1].reshape(ng, 3), {})
+
+    # ---- diffrax
+    if ng <= 10:
+        out.append(_diffrax(ng, tol, atol, quality))
+    return out, quality, ref, build
+
+
+def _diffrax(ng, tol, atol, quality):
+    try:
+        import diffrax
+        import jax
+        import jax.numpy as jnp
+    except ImportError as e:
+        return H.Impl("diffrax-Kvaerno5", error=H.error_text(e))
+    jax.config.update("jax_enable_x64", True)
+    s = jnp.asarray(scales(ng))
+
+    def f(t, u, args):
+        a, b, c = u[0::3], u[1::3], u[2::3]
+        r1, r2, r3 = K[0] * s * a, K[1] * s * b * b, K[2] * s * b * c
+        return jnp.stack([-r1 + r3, r1 - r2 - r3, r2], axis=1).ravel()
+
+    @jax.jit
+    def solve():
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(f), diffrax.Kvaerno5(), 0.0, T_END, 1e-6,
+            jnp.tile(jnp.array([1.0, 0.0, 0.0]), ng),
+            saveat=diffrax.SaveAt(t1=True), max_steps=100_000,
+            stepsize_controller=diffrax.PIDController(rtol=tol, atol=atol))
+        return sol.ys
+
+    box = {}
+
+    def run(box=box):
+        box["y"] = np.asarray(solve().block_until_ready())
+
+    quality["diffrax-Kvaerno5"] = (box, lambda box: box["y"][-1].reshape(ng, 3), {})
+    return timed("diffrax-Kvaerno5", run)
+
+
+def main(argv=None):
+    p = H.make_parser(__doc__.splitlines()[0])
+    p.add_argument("--groups", default="1,10,100,1000",
+                   help="comma-separated ngroups (default 1,10,100,1000)")
+    p.add_argument("--tols", default="1e-4,1e-8")
+    args = p.parse_args(argv)
+    groups = [int(g) for g in args.groups.split(",")]
+    tols = [float(t) for t in args.tols.split(",")]
+    repeats = 3 if args.quick else 7
+    print(H.busy_note())
+    if args.quick:
+        groups = [g for g in groups if g <= 10]
+    results = []
+    for ng in groups:
+        for tol in tols:
+            imps, quality, ref, build = impls(ng, tol)
+            load = H.OtherLoad().start()
+            H.time_alternating(imps, repeats, pause_s=0.05)
+            cores = load.stop()
+            rows = []
+            for imp in imps:
+                q = {}
+                if imp.error is None and imp.name in quality:
+                    box, get, extra = quality[imp.name]
+                    try:
+                        q = {"rel_error": rel_error(get(box), ref), **extra}
+                    except Exception as e:  # a peer that ran but returned nothing usable
+                        q = {"rel_error": float("nan"), "note": H.error_text(e)}
+                    if "build_s" in box:
+                        q["build_s"] = box["build_s"]
+                rows.append(H.result_row(imp, "solve", q))
+            base = next((r["median_s"] for r in rows if r["impl"] == "ours-BDF"), None)
+            print(f"\nRobertson x {ng} ({3 * ng} states), rtol {tol:g}; "
+                  f"{H.OtherLoad.note(cores, 'while timing')}")
+            print(f"{'impl':18s} {'median':>10s} {'first':>9s} {'rel err':>9s} "
+                  f"{'/ ours-BDF':>10s}")
+            for r in rows:
+                if r.get("error"):
+                    print(f"{r['impl']:18s} {r['error']}")
+                    continue
+                ratio = r["median_s"] / base if base else float("nan")
+                print(f"{r['impl']:18s} {r['median_s'] * 1e3:8.2f}ms {r['first_call_s']:8.2f}s "
+                      f"{r['quality'].get('rel_error', float('nan')):9.1e} {ratio:10.2f}")
+            results.append({"problem": "robertson_groups", "ngroups": ng, "states": 3 * ng,
+                            "rtol": tol, "atol": 1e-4 * tol, "build_s": build,
+                            "other_load": cores, "rows": rows})
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"bench": "stiff_scaling", "machine": H.machine_info(1),
+                       "results": results}, f, indent=1)
+            f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
