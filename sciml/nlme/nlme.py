@@ -10,8 +10,10 @@ the last one found. The outer optimiser (BFGS) follows the objective's exact
 gradient (`gradient`), for every method.
 """
 
+import copy
 import math
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -380,18 +382,29 @@ class NLME:
     # ---------------------------------------------------------------- estimation
 
     def fit(self, subjects, method="focei", *, fixed=(), max_iter=500, covariance=True,
-            stages=(), start=None, **solve):
-        """Estimate theta, omega and sigma by minimising the objective of ``method``.
+            stages=(), start=None, seed=None, **solve):
+        """Estimate theta, omega and sigma by minimising the objective of ``method``, or by
+        SAEM.
 
         Parameters
         ----------
         subjects : list of sciml.data.Subject
-        method : {"focei", "foce", "laplace", "fo"}
+        method : {"focei", "foce", "laplace", "fo", "saem"} or SAEM
+            ``"saem"`` (or `SAEM` settings): stochastic approximation EM (`saem`), then
+            the FOCE-I objective, empirical Bayes estimates and covariance step at its
+            estimates, so the result reads as the other methods' (``fit.method`` is
+            ``"saem"``, ``fit.objective`` FOCE-I's, ``fit.saem`` the iterations' trace
+            and where the time went).
+        seed : int, optional
+            SAEM's sampler seed (default: the `SAEM` settings', 0); the other methods are
+            deterministic and refuse it.
         fixed : sequence of str
             Theta, sigma and estimated network names (e.g. ``"tka"``, ``"cp.sd"``,
             ``"U"``) kept at their values.
         max_iter : int
-            Iterations of the outer optimiser (BFGS on the method's exact gradient).
+            Iterations of the outer optimiser (BFGS on the method's exact gradient); for
+            SAEM, 0 evaluates the result at the start without iterating (its iterations
+            are the settings' ``burn`` and ``em``).
         stages : sequence of nets optimizers
             First-order stages run before BFGS, each for its ``iters`` steps on the same
             exact gradient (e.g. ``[nets.Adam(0.01, iters=200)]``): for networks with many
@@ -410,12 +423,17 @@ class NLME:
         -------
         NLMEFit
         """
-        method = _method(method)
+        settings = _saem(method, seed)
+        if settings is None:
+            method = _method(method)
         fits = self.prepare(subjects, **solve)
         x0 = self._start(start)
         free = self._free(fixed)
         k = len(self.eta_names)
         etas = [np.zeros(k) for _ in fits]
+        if settings is not None:
+            return self._fit_saem(fits, settings, x0, free, etas, max_iter, covariance,
+                                  stages)
         state = {"etas": etas, "n_eval": 0}
 
         def full(z):
@@ -438,6 +456,31 @@ class NLME:
         x = full(res.x)
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)
+
+    def _fit_saem(self, fits, settings, x0, free, etas, max_iter, covariance, stages):
+        if stages:
+            raise ValueError("NLME.fit: `stages` are first-order stages of the gradient-based "
+                             "methods; method='saem' takes none")
+        from .saem import run_saem
+
+        if max_iter == 0:
+            x, trace = x0, None
+        else:
+            x, etas, trace = run_saem(self, fits, settings, x0, free)
+        t0 = time.perf_counter()
+        value, etas = self._objective(fits, x, "focei", etas)
+        t1 = time.perf_counter()
+        n = settings.burn + settings.em if trace is not None else 0
+        res = optimize.OptimizeResult(success=True, nit=n, message=(
+            f"SAEM: {settings.burn} burn-in and {settings.em} averaging iterations, "
+            f"seed {settings.seed}" if n else "SAEM: evaluated at the start (max_iter=0)"))
+        fit = NLMEFit(self, fits, "saem", x, value, etas, res, free, covariance,
+                      objective_method="focei")
+        fit.saem = trace
+        if trace is not None:
+            trace.seconds["focei"] = t1 - t0
+            trace.seconds["covariance"] = time.perf_counter() - t1
+        return fit
 
     def _start(self, start):
         x0 = self.pack(self.theta0, [m for _, m in self.blocks], self.sigma0)
@@ -569,6 +612,22 @@ def _number(v, what):
     if not math.isfinite(x):
         raise ValueError(f"NLME: `{what}` must be finite, got {v!r}")
     return x
+
+
+def _saem(method, seed):
+    """SAEM settings of ``method`` (the string "saem" or `SAEM`, ``seed`` overriding its
+    seed), or None for the other methods (which refuse a seed)."""
+    from .saem import SAEM
+
+    if isinstance(method, SAEM) or method == "saem":
+        settings = copy.copy(method) if isinstance(method, SAEM) else SAEM()
+        if seed is not None:
+            settings.seed = SAEM(seed=seed).seed
+        return settings
+    if seed is not None:
+        raise ValueError(f"NLME.fit: `seed` is the sampler's seed of method='saem'; method="
+                         f"{method!r} is deterministic")
+    return None
 
 
 def _method(method):
