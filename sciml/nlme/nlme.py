@@ -211,8 +211,14 @@ class NLME:
 
     # ---------------------------------------------------------------- objective
 
-    def prepare(self, subjects, solver=None, rtol=1e-8, atol=1e-10, max_steps=100_000):
-        """The subjects as the likelihood needs them (`predict.SubjectFit`)."""
+    def prepare(self, subjects, solver=None, rtol=1e-8, atol=1e-10, max_steps=100_000,
+                lloq=None):
+        """The subjects as the likelihood needs them (`predict.SubjectFit`).
+
+        ``lloq``: a lower limit of quantification, one number for every observed quantity
+        or ``{observable: limit}``; an observation below it is censored (M3, as nlmixr2's
+        ``CENS = 1``: it counts as the probability of being below the limit, its value
+        replaced by the limit)."""
         if not isinstance(subjects, (list, tuple)) or not subjects:
             raise TypeError("NLME: `subjects` must be a non-empty list of sciml.data.Subject "
                             "(from sciml.data.read_events)")
@@ -224,8 +230,36 @@ class NLME:
                                  f"error={{{name!r}: sciml.nlme.Additive(sd)}}")
             return self.error_names.index(name)
 
-        return [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
+        fits = [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
                            max_steps) for s in subjects]
+        limits = self._limits(lloq)
+        if limits is not None:
+            for sf in fits:
+                c = limits[sf.err_index]
+                cens = sf.y < c
+                if cens.any():
+                    sf.y = np.where(cens, c, sf.y)
+                    sf.cens = cens
+        return fits
+
+    def _limits(self, lloq):
+        """The LLOQ of each error model's observations (-inf: none), or None."""
+        if lloq is None:
+            return None
+        given = lloq if isinstance(lloq, dict) else dict.fromkeys(self.error_names, lloq)
+        out = np.full(len(self.error_names), -np.inf)
+        for name, v in given.items():
+            if name not in self.error_names:
+                raise ValueError(f"NLME: `lloq` names {name!r}, not an observed quantity "
+                                 f"({', '.join(self.error_names)})")
+            try:
+                out[self.error_names.index(name)] = float(v)
+            except (TypeError, ValueError):
+                raise TypeError(f"NLME: `lloq[{name!r}]` must be a number, got {v!r}") \
+                    from None
+            if not math.isfinite(float(v)):
+                raise ValueError(f"NLME: `lloq[{name!r}]` must be finite, got {v!r}")
+        return out
 
     def _subject(self, x, method, ebe_tol=None):
         """``sf -> likelihood.Subject``: a subject's objective at the parameters ``x``."""
@@ -417,7 +451,8 @@ class NLME:
             Run the covariance step (standard errors from the objective's Hessian, forward
             differences of its exact gradient).
         **solve
-            ``solver``, ``rtol``, ``atol``, ``max_steps`` of the subjects' solves.
+            ``solver``, ``rtol``, ``atol``, ``max_steps`` of the subjects' solves, and
+            ``lloq`` (censored observations, M3: see `prepare`).
 
         Returns
         -------
@@ -462,6 +497,12 @@ class NLME:
             raise ValueError("NLME.fit: `stages` are first-order stages of the gradient-based "
                              "methods; method='saem' takes none")
         from .saem import run_saem
+
+        censored = [sf.id for sf in fits if sf.cens is not None]
+        if censored:
+            raise ValueError(f"NLME.fit: method='saem' does not take observations below the "
+                             f"LLOQ yet (subject {censored[0]!r} has some); use 'focei' or "
+                             "'laplace'")
 
         if max_iter == 0:
             x, trace = x0, None

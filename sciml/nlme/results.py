@@ -175,9 +175,10 @@ class NLMEFit:
 
     @property
     def table(self):
-        """Per observation: ID, TIME, OBS (the observable or state), DV, PRED, IPRED, RES,
-        IRES, IWRES, WRES, CWRES (a pandas DataFrame when pandas is installed, else a dict
-        of arrays).
+        """Per observation: ID, TIME, OBS (the observable or state), DV, CENS, PRED, IPRED,
+        RES, IRES, IWRES, WRES, CWRES (a pandas DataFrame when pandas is installed, else a
+        dict of arrays). CENS is 1 for an observation below the LLOQ (M3; its DV is the
+        limit, its residuals are those of the limit).
 
         PRED/IPRED: predictions at eta = 0 and at the estimates; WRES and CWRES the
         residuals decorrelated (symmetric inverse square root) by the FO covariance at
@@ -200,8 +201,8 @@ class NLMEFit:
         theta, blocks, sigma = pop.unpack(self._x)
         omega = pop._omega_matrix(blocks)
         sds = pop._sd_per_error(sigma)
-        cols = {c: [] for c in ("ID", "TIME", "OBS", "DV", "PRED", "IPRED", "RES", "IRES",
-                                "IWRES", "WRES", "CWRES")}
+        cols = {c: [] for c in ("ID", "TIME", "OBS", "DV", "CENS", "PRED", "IPRED", "RES",
+                                "IRES", "IWRES", "WRES", "CWRES")}
         for sf, eta in zip(self._fits, self.eta):
             s = Subject(sf, pop.errors, theta, omega, sds, "focei", pop.ebe_tol,
                         pop.weights(self._x), pop.weight_index)
@@ -212,6 +213,8 @@ class NLMEFit:
             cwres = _decorrelate(Gi @ omega @ Gi.T + np.diag(Ri), y - fi + Gi @ eta)
             for c, v in (("ID", [sf.id] * y.shape[0]), ("TIME", sf.t),
                          ("OBS", [pop.error_names[e] for e in sf.err_index]), ("DV", y),
+                         ("CENS", np.zeros(y.shape[0], dtype=int) if sf.cens is None else
+                          sf.cens.astype(int)),
                          ("PRED", f0), ("IPRED", fi), ("RES", y - f0), ("IRES", y - fi),
                          ("IWRES", (y - fi) / np.sqrt(Ri)), ("WRES", wres),
                          ("CWRES", cwres)):
