@@ -1,4 +1,5 @@
-"""`sciml.nlme`: nonlinear mixed-effects population models (FO, FOCE, FOCE-I, Laplace).
+"""`sciml.nlme`: nonlinear mixed-effects population models (FO, FOCE, FOCE-I, Laplace,
+SAEM).
 
 A population model is a `sciml.Model` (dynamics, observables, doses from
 event tables) with an individual-parameter function of typical values
@@ -12,5 +13,6 @@ diagnostics table, goodness-of-fit plots).
 from .errors import Additive, Combined, Proportional
 from .nlme import NLME
 from .results import NLMEFit
+from .saem import SAEM
 
-__all__ = ["NLME", "NLMEFit", "Additive", "Proportional", "Combined"]
+__all__ = ["NLME", "NLMEFit", "SAEM", "Additive", "Proportional", "Combined"]

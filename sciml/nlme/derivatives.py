@@ -27,6 +27,7 @@ objective, at 3e-4 it is 3e-10).
 from collections import namedtuple
 
 import numpy as np
+from scipy.special import log_ndtr
 
 _FD_PHI = 3e-4   # relative step of the central differences of the sensitivities
 _FD_CURV = 1e-3  # largest relative change of phi in the second differences (`curvatures`)
@@ -59,31 +60,83 @@ class Jet(namedtuple("Jet", "v f R R1 R2")):
         return Jet(*(c * a for a in self))
 
 
-def residual_jets(y, f, R, R1, R2):
-    """``(L0, L1, L2, w)``: `Jet` s of ``l = (y - f)**2 / R + log R`` with ``R = R(f)``
+def residual_jets(y, f, R, R1, R2, cens=None):
+    """``(L0, L1, L2, w)``: `Jet` s of the per-observation ``l(f, R)`` with ``R = R(f)``
     (``L1``, ``L2`` its f-derivatives; pass ``R1 = R2 = 0`` for R held fixed) and of
-    FOCE-I's weight ``w = 1/R + R'**2 / (2 R**2)``. With ``e = y - f`` and the partials
-    ``l_R = 1/R - e**2/R**2``, ``l_f = -2 e/R``, ``l_ff = 2/R``, ``l_fR = 2 e/R**2``, ...:
-    ``L1 = l_f + l_R R'``, ``L2 = l_ff + 2 l_fR R' + l_RR R'**2 + l_R R''`` and
-    ``L3 = dL2/df`` (``R''' = 0``)."""
-    e, inv = y - f, 1.0 / R
-    ee = e * e
-    lR = inv - ee * inv ** 2
-    lf, lff = -2.0 * e * inv, 2.0 * inv
-    lfR, lRR = 2.0 * e * inv ** 2, -inv ** 2 + 2.0 * ee * inv ** 3
-    lffR, lfRR, lRRR = -2.0 * inv ** 2, -4.0 * e * inv ** 3, 2.0 * inv ** 3 - 6.0 * ee * inv ** 4
+    FOCE-I's weight ``w``. An observed value has ``l = (y - f)**2 / R + log R`` and
+    ``w = 1/R + R'**2 / (2 R**2)`` (the Gaussian's expected information); a censored
+    one (``cens``, M3: ``y`` is the limit, the value is below it) has
+    ``l = -2 log Phi((y - f) / sqrt(R))`` and ``w = L2 / 2`` (its exact curvature: no
+    expectation over a value that was not seen). With the partials of ``l`` in (f, R)
+    (`_gaussian_partials`, `_censored_partials`): ``L1 = l_f + l_R R'``,
+    ``L2 = l_ff + 2 l_fR R' + l_RR R'**2 + l_R R''`` and ``L3 = dL2/df`` (R's third
+    derivative is zero in every error model here)."""
+    P = _gaussian_partials(y, f, R)
+    if cens is not None and np.any(cens):
+        C = _censored_partials(y[cens], f[cens], R[cens])
+        for key, v in C.items():
+            P[key] = P[key].copy()
+            P[key][cens] = v
+    lf, lR, lff, lfR, lRR = P["f"], P["R"], P["ff"], P["fR"], P["RR"]
+    lfff, lffR, lfRR, lRRR = P["fff"], P["ffR"], P["fRR"], P["RRR"]
     L1 = lf + lR * R1
     L2 = lff + 2.0 * lfR * R1 + lRR * R1 * R1 + lR * R2
-    L3 = (3.0 * lffR * R1 + 3.0 * lfRR * R1 * R1 + lRRR * R1 ** 3 + 3.0 * lfR * R2
+    L3 = (lfff + 3.0 * lffR * R1 + 3.0 * lfRR * R1 * R1 + lRRR * R1 ** 3 + 3.0 * lfR * R2
           + 3.0 * lRR * R1 * R2)
     z = np.zeros_like(f)
-    w = inv + 0.5 * R1 * R1 * inv ** 2
+    J1 = Jet(L1, L2, lfR + lRR * R1, lR, z)
+    J2 = Jet(L2, L3, lffR + 2.0 * lfRR * R1 + lRRR * R1 * R1 + lRR * R2,
+             2.0 * lfR + 2.0 * lRR * R1, lR)
+    inv = 1.0 / R
     wR, wR1 = -inv ** 2 - R1 * R1 * inv ** 3, R1 * inv ** 2
-    return (Jet(ee * inv + np.log(R), L1, lR, z, z),
-            Jet(L1, L2, lfR + lRR * R1, lR, z),
-            Jet(L2, L3, lffR + 2.0 * lfRR * R1 + lRRR * R1 * R1 + lRR * R2,
-                2.0 * lfR + 2.0 * lRR * R1, lR),
-            Jet(w, wR * R1 + wR1 * R2, wR, wR1, z))
+    w = Jet(inv + 0.5 * R1 * R1 * inv ** 2, wR * R1 + wR1 * R2, wR, wR1, z)
+    if cens is not None and np.any(cens):
+        w = Jet(*(np.where(cens, 0.5 * b, a) for a, b in zip(w, J2)))
+    return Jet(P["l"], L1, lR, z, z), J1, J2, w
+
+
+def _gaussian_partials(y, f, R):
+    """The partials of ``l = (y - f)**2 / R + log R`` in (f, R), to third order."""
+    e, inv = y - f, 1.0 / R
+    ee = e * e
+    z = np.zeros_like(f)
+    return {"l": ee * inv + np.log(R), "f": -2.0 * e * inv, "R": inv - ee * inv ** 2,
+            "ff": 2.0 * inv, "fR": 2.0 * e * inv ** 2, "RR": -inv ** 2 + 2.0 * ee * inv ** 3,
+            "fff": z, "ffR": -2.0 * inv ** 2, "fRR": -4.0 * e * inv ** 3,
+            "RRR": 2.0 * inv ** 3 - 6.0 * ee * inv ** 4}
+
+
+def _censored_partials(c, f, R):
+    """The partials of ``l = -2 log Phi(z)``, ``z = (c - f) / sqrt(R)``, in (f, R) to third
+    order: ``log Phi`` by `scipy.special.log_ndtr` (exact far in the tail, where
+    ``Phi`` itself would underflow), its derivative the inverse Mills ratio
+    ``m = phi / Phi = exp(log phi - log Phi)``; then the chain rule through z."""
+    s = np.sqrt(R)
+    zz = (c - f) / s
+    log_phi = log_ndtr(zz)
+    g1 = np.exp(-0.5 * zz * zz - 0.5 * np.log(2.0 * np.pi) - log_phi)
+    g2 = -g1 * (zz + g1)
+    g3 = -g2 * (zz + g1) - g1 * (1.0 + g2)
+    zero = np.zeros_like(f)
+    # z's partials; those with two or more f's vanish (z is linear in f)
+    d = {"f": -1.0 / s, "R": -zz / (2.0 * R), "ff": zero, "fR": 0.5 / (s * R),
+         "RR": 0.75 * zz / R ** 2, "fff": zero, "ffR": zero, "fRR": -0.75 / (s * R * R),
+         "RRR": -1.875 * zz / R ** 3}
+
+    def z_(*ab):
+        return d["".join(sorted(ab, key="fR".index))]
+
+    out = {"l": -2.0 * log_phi}
+    for a in ("f", "R"):
+        out[a] = -2.0 * g1 * z_(a)
+    for a, b in (("f", "f"), ("f", "R"), ("R", "R")):
+        out[a + b] = -2.0 * (g2 * z_(a) * z_(b) + g1 * z_(a, b))
+    for a, b, c3 in (("f", "f", "f"), ("f", "f", "R"), ("f", "R", "R"), ("R", "R", "R")):
+        out[a + b + c3] = -2.0 * (g3 * z_(a) * z_(b) * z_(c3)
+                                  + g2 * (z_(a, b) * z_(c3) + z_(a, c3) * z_(b)
+                                          + z_(b, c3) * z_(a))
+                                  + g1 * z_(a, b, c3))
+    return out
 
 
 def variance_terms(errors, sds, err_index, f):

@@ -133,7 +133,7 @@ def _laplace_type(s, loc):
     """FOCE-I and Laplace (``O(eta_hat) + log|Omega| + log|H|``)."""
     Oi, eta, G = s.omega_inv, loc.eta, loc.G
     vt = _variances(s, loc.f)
-    L0, L1, L2, w = residual_jets(s.sf.y, loc.f, vt.R, vt.R1, vt.R2)
+    L0, L1, L2, w = residual_jets(s.sf.y, loc.f, vt.R, vt.R1, vt.R2, s.cens)
     dr = Change(*_in_sigma(loc, (vt.Rs, vt.R1s, vt.R2s)))
     K = hessian(loc, L1.v, L2.v, Oi)
     if s.method == "focei":

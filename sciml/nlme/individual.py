@@ -157,6 +157,7 @@ class Individual:
         ets, cvs = list(et.values()), list(cv.values())
         d_eta = [[_diff(e, s) for s in ets] for e in exprs]
         d_theta = [[_diff(e, s) for s in ths] for e in exprs]
+        self._exprs, self._theta_syms, self._eta_syms = exprs, ths[:len(th)], ets
         args = [ths, ets, cvs]
         modules = [{"sigmoid": _expit}, "numpy"]
         self._values = sympy.lambdify(args, exprs, modules=modules, cse=True)
@@ -173,6 +174,39 @@ class Individual:
         """The parameters it sets, (k,)."""
         with np.errstate(over="ignore", invalid="ignore"):
             return np.array(self._values(theta, eta, cov), dtype=float).ravel()
+
+    def values_many(self, theta, etas, covs):
+        """The parameters it sets for many subjects at once, (n, k): ``etas`` (n, n_eta),
+        ``covs`` (n, n_cov), one numpy evaluation (the sampler's proposals of every
+        subject)."""
+        n = etas.shape[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = self._values(theta, etas.T, covs.T)
+        return np.column_stack([np.broadcast_to(np.asarray(v, dtype=float), (n,))
+                                for v in out])
+
+    def mu_references(self):
+        """``{eta index: theta index}`` of the random effects that enter only as
+        ``theta_j + eta_a`` (mu-referencing: ``psi_a = theta_j + eta_a`` is then a Gaussian
+        individual parameter with mean ``theta_j``, which SAEM updates in closed form).
+
+        Found on the traced expressions: ``eta_a`` is replaced by ``z - theta_j``; if no
+        expression holds ``theta_j`` any more, they occur only as that sum. Each theta
+        references at most one eta (the first found)."""
+        out, taken = {}, set()
+        for a, e in enumerate(self._eta_syms):
+            if not any(x.has(e) for x in self._exprs):
+                continue
+            for j, th in enumerate(self._theta_syms):
+                if j in taken or not any(x.has(th) for x in self._exprs):
+                    continue
+                z = sympy.Dummy("z", real=True)
+                moved = [x.subs(e, z - th) for x in self._exprs]
+                if not any(x.has(th) and sympy.simplify(x).has(th) for x in moved):
+                    out[a] = j
+                    taken.add(j)
+                    break
+        return out
 
     def derivatives(self, theta, eta, cov):
         """``(phi (k,), dphi/deta (k, n_eta), dphi/dtheta (k, n_theta))``."""

@@ -25,6 +25,11 @@ convention, no ``m log 2 pi``; Wang, J. Pharmacokinet. Pharmacodyn. 34, 2007):
   ``G Omega G^T + diag(R(f(0)))``;
 - ``"fo"``: the same linearisation at ``eta = 0``.
 
+Observations below a limit of quantification (``NLME(lloq=...)``, Beal's M3,
+J. Pharmacokinet. Pharmacodyn. 28, 2001) contribute ``-2 log Phi((LLOQ - f) / sqrt(R))``
+instead of the Gaussian term, with their exact curvature in FOCE-I's ``H``
+(`derivatives.residual_jets`); FO and FOCE, Gaussian linearisations, refuse them.
+
 For additive errors FOCE and FOCE-I are the same objective.
 """
 
@@ -48,6 +53,11 @@ class Subject:
         self.omega = omega
         self.omega_inv = np.linalg.inv(omega)
         self.method = method
+        self.cens = sf.cens
+        if self.cens is not None and method in ("fo", "foce"):
+            raise ValueError(f"NLME: subject {sf.id!r} has observations below the LLOQ "
+                             f"(`lloq`), whose M3 likelihood is not Gaussian: method="
+                             f"{method!r} linearises a Gaussian one; use 'focei' or 'laplace'")
         self.f0 = self.R0 = None
         if method in ("fo", "foce"):
             self.f0, _ = self._predict(np.zeros(omega.shape[0]), sens=False)
@@ -71,12 +81,18 @@ class Subject:
         except SolveFailed:
             k = eta.shape[0]
             return np.inf, np.full(k, np.nan), np.full((k, k), np.nan), None, None, None
+        Oi = self.omega_inv
+        if self.cens is not None:  # M3 terms: the residual jets (`derivatives.residual_jets`)
+            vt = variance_terms(self.errors, self.sd, self.sf.err_index, f)
+            L0, L1, _, w = residual_jets(self.sf.y, f, vt.R, vt.R1, vt.R2, self.cens)
+            value = float(np.sum(L0.v) + eta @ Oi @ eta)
+            H = Oi + G.T @ (w.v[:, None] * G)
+            return value, G.T @ L1.v + 2.0 * (Oi @ eta), H, f, G, vt.R
         if self.R0 is not None:
             R, dR = self.R0, np.zeros_like(f)
         else:
             R, dR = self._variance(f)
         e = self.sf.y - f
-        Oi = self.omega_inv
         value = float(np.sum(e * e / R + np.log(R)) + eta @ Oi @ eta)
         coef = -2.0 * e / R + (1.0 / R - e * e / (R * R)) * dR
         grad = G.T @ coef + 2.0 * (Oi @ eta)
@@ -165,7 +181,7 @@ class Subject:
         """The exact Hessian of O at ``eta`` (`derivatives.hessian`)."""
         loc = self.local(eta)
         R, R1, R2 = variance_terms(self.errors, self.sd, self.sf.err_index, loc.f)[:3]
-        _, L1, L2, _ = residual_jets(self.sf.y, loc.f, R, R1, R2)
+        _, L1, L2, _ = residual_jets(self.sf.y, loc.f, R, R1, R2, self.cens)
         return hessian(loc, L1.v, L2.v, self.omega_inv)
 
 

@@ -10,8 +10,10 @@ the last one found. The outer optimiser (BFGS) follows the objective's exact
 gradient (`gradient`), for every method.
 """
 
+import copy
 import math
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -209,8 +211,14 @@ class NLME:
 
     # ---------------------------------------------------------------- objective
 
-    def prepare(self, subjects, solver=None, rtol=1e-8, atol=1e-10, max_steps=100_000):
-        """The subjects as the likelihood needs them (`predict.SubjectFit`)."""
+    def prepare(self, subjects, solver=None, rtol=1e-8, atol=1e-10, max_steps=100_000,
+                lloq=None):
+        """The subjects as the likelihood needs them (`predict.SubjectFit`).
+
+        ``lloq``: a lower limit of quantification, one number for every observed quantity
+        or ``{observable: limit}``; an observation below it is censored (M3, as nlmixr2's
+        ``CENS = 1``: it counts as the probability of being below the limit, its value
+        replaced by the limit)."""
         if not isinstance(subjects, (list, tuple)) or not subjects:
             raise TypeError("NLME: `subjects` must be a non-empty list of sciml.data.Subject "
                             "(from sciml.data.read_events)")
@@ -222,8 +230,36 @@ class NLME:
                                  f"error={{{name!r}: sciml.nlme.Additive(sd)}}")
             return self.error_names.index(name)
 
-        return [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
+        fits = [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
                            max_steps) for s in subjects]
+        limits = self._limits(lloq)
+        if limits is not None:
+            for sf in fits:
+                c = limits[sf.err_index]
+                cens = sf.y < c
+                if cens.any():
+                    sf.y = np.where(cens, c, sf.y)
+                    sf.cens = cens
+        return fits
+
+    def _limits(self, lloq):
+        """The LLOQ of each error model's observations (-inf: none), or None."""
+        if lloq is None:
+            return None
+        given = lloq if isinstance(lloq, dict) else dict.fromkeys(self.error_names, lloq)
+        out = np.full(len(self.error_names), -np.inf)
+        for name, v in given.items():
+            if name not in self.error_names:
+                raise ValueError(f"NLME: `lloq` names {name!r}, not an observed quantity "
+                                 f"({', '.join(self.error_names)})")
+            try:
+                out[self.error_names.index(name)] = float(v)
+            except (TypeError, ValueError):
+                raise TypeError(f"NLME: `lloq[{name!r}]` must be a number, got {v!r}") \
+                    from None
+            if not math.isfinite(float(v)):
+                raise ValueError(f"NLME: `lloq[{name!r}]` must be finite, got {v!r}")
+        return out
 
     def _subject(self, x, method, ebe_tol=None):
         """``sf -> likelihood.Subject``: a subject's objective at the parameters ``x``."""
@@ -380,18 +416,29 @@ class NLME:
     # ---------------------------------------------------------------- estimation
 
     def fit(self, subjects, method="focei", *, fixed=(), max_iter=500, covariance=True,
-            stages=(), start=None, **solve):
-        """Estimate theta, omega and sigma by minimising the objective of ``method``.
+            stages=(), start=None, seed=None, **solve):
+        """Estimate theta, omega and sigma by minimising the objective of ``method``, or by
+        SAEM.
 
         Parameters
         ----------
         subjects : list of sciml.data.Subject
-        method : {"focei", "foce", "laplace", "fo"}
+        method : {"focei", "foce", "laplace", "fo", "saem"} or SAEM
+            ``"saem"`` (or `SAEM` settings): stochastic approximation EM (`saem`), then
+            the FOCE-I objective, empirical Bayes estimates and covariance step at its
+            estimates, so the result reads as the other methods' (``fit.method`` is
+            ``"saem"``, ``fit.objective`` FOCE-I's, ``fit.saem`` the iterations' trace
+            and where the time went).
+        seed : int, optional
+            SAEM's sampler seed (default: the `SAEM` settings', 0); the other methods are
+            deterministic and refuse it.
         fixed : sequence of str
             Theta, sigma and estimated network names (e.g. ``"tka"``, ``"cp.sd"``,
             ``"U"``) kept at their values.
         max_iter : int
-            Iterations of the outer optimiser (BFGS on the method's exact gradient).
+            Iterations of the outer optimiser (BFGS on the method's exact gradient); for
+            SAEM, 0 evaluates the result at the start without iterating (its iterations
+            are the settings' ``burn`` and ``em``).
         stages : sequence of nets optimizers
             First-order stages run before BFGS, each for its ``iters`` steps on the same
             exact gradient (e.g. ``[nets.Adam(0.01, iters=200)]``): for networks with many
@@ -404,18 +451,24 @@ class NLME:
             Run the covariance step (standard errors from the objective's Hessian, forward
             differences of its exact gradient).
         **solve
-            ``solver``, ``rtol``, ``atol``, ``max_steps`` of the subjects' solves.
+            ``solver``, ``rtol``, ``atol``, ``max_steps`` of the subjects' solves, and
+            ``lloq`` (censored observations, M3: see `prepare`).
 
         Returns
         -------
         NLMEFit
         """
-        method = _method(method)
+        settings = _saem(method, seed)
+        if settings is None:
+            method = _method(method)
         fits = self.prepare(subjects, **solve)
         x0 = self._start(start)
         free = self._free(fixed)
         k = len(self.eta_names)
         etas = [np.zeros(k) for _ in fits]
+        if settings is not None:
+            return self._fit_saem(fits, settings, x0, free, etas, max_iter, covariance,
+                                  stages)
         state = {"etas": etas, "n_eval": 0}
 
         def full(z):
@@ -438,6 +491,37 @@ class NLME:
         x = full(res.x)
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)
+
+    def _fit_saem(self, fits, settings, x0, free, etas, max_iter, covariance, stages):
+        if stages:
+            raise ValueError("NLME.fit: `stages` are first-order stages of the gradient-based "
+                             "methods; method='saem' takes none")
+        from .saem import run_saem
+
+        censored = [sf.id for sf in fits if sf.cens is not None]
+        if censored:
+            raise ValueError(f"NLME.fit: method='saem' does not take observations below the "
+                             f"LLOQ yet (subject {censored[0]!r} has some); use 'focei' or "
+                             "'laplace'")
+
+        if max_iter == 0:
+            x, trace = x0, None
+        else:
+            x, etas, trace = run_saem(self, fits, settings, x0, free)
+        t0 = time.perf_counter()
+        value, etas = self._objective(fits, x, "focei", etas)
+        t1 = time.perf_counter()
+        n = settings.burn + settings.em if trace is not None else 0
+        res = optimize.OptimizeResult(success=True, nit=n, message=(
+            f"SAEM: {settings.burn} burn-in and {settings.em} averaging iterations, "
+            f"seed {settings.seed}" if n else "SAEM: evaluated at the start (max_iter=0)"))
+        fit = NLMEFit(self, fits, "saem", x, value, etas, res, free, covariance,
+                      objective_method="focei")
+        fit.saem = trace
+        if trace is not None:
+            trace.seconds["focei"] = t1 - t0
+            trace.seconds["covariance"] = time.perf_counter() - t1
+        return fit
 
     def _start(self, start):
         x0 = self.pack(self.theta0, [m for _, m in self.blocks], self.sigma0)
@@ -569,6 +653,22 @@ def _number(v, what):
     if not math.isfinite(x):
         raise ValueError(f"NLME: `{what}` must be finite, got {v!r}")
     return x
+
+
+def _saem(method, seed):
+    """SAEM settings of ``method`` (the string "saem" or `SAEM`, ``seed`` overriding its
+    seed), or None for the other methods (which refuse a seed)."""
+    from .saem import SAEM
+
+    if isinstance(method, SAEM) or method == "saem":
+        settings = copy.copy(method) if isinstance(method, SAEM) else SAEM()
+        if seed is not None:
+            settings.seed = SAEM(seed=seed).seed
+        return settings
+    if seed is not None:
+        raise ValueError(f"NLME.fit: `seed` is the sampler's seed of method='saem'; method="
+                         f"{method!r} is deterministic")
+    return None
 
 
 def _method(method):

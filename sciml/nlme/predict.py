@@ -58,6 +58,9 @@ class SubjectFit:
         names = data.names if data.names is not None else \
             (model.states if data.kind == "states" else model.obs_names)
         self.err_index = np.array([error_of_column(names[j]) for j in c], dtype=np.int64)
+        # M3 (`NLME(lloq=...)`): which observations are below their limit (``y`` then holds
+        # the limit); None when none is
+        self.cens = None
         self.job = Job(prob, prob.params.copy(), common.schedule(prob), solver, rtol,
                        check_atol(atol, model.n_states), None, max_steps, data.t)
         self.kern = prob.kernel_table("obs", "obs_vjp") if self.kind == "observables" else None

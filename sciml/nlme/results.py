@@ -13,8 +13,13 @@ class NLMEFit:
     Attributes
     ----------
     objective : float
-        -2 log-likelihood of ``method`` at the estimates (no ``n log 2 pi``, as NONMEM
-        and nlmixr2 report it).
+        -2 log-likelihood of ``objective_method`` at the estimates (no ``n log 2 pi``, as
+        NONMEM and nlmixr2 report it): the method's own, FOCE-I's for SAEM.
+    method, objective_method : str
+        The estimation method, and the approximation of the objective (and of the
+        covariance step): the same but for SAEM (``"focei"``).
+    saem : SAEMTrace or None
+        SAEM's iterations (estimates, acceptance rates) and time split; None otherwise.
     theta, sigma : dict
         Estimates by name (sigma: residual standard deviations, ``"cp.sd"``).
     nets : dict
@@ -36,8 +41,13 @@ class NLMEFit:
         The outer optimiser's report.
     """
 
-    def __init__(self, pop, fits, method, x, value, etas, res, free, covariance):
+    def __init__(self, pop, fits, method, x, value, etas, res, free, covariance,
+                 objective_method=None):
         self.pop, self._fits, self.method = pop, fits, method
+        # the approximation the objective, its gradient and the covariance step use:
+        # the method's own, FOCE-I for SAEM (which has no objective of its own)
+        self.objective_method = objective_method or method
+        self.saem = None
         self._x, self._free = x, free
         theta, blocks, sigma = pop.unpack(x)
         self.theta = dict(zip(pop.theta_names, theta.tolist()))
@@ -69,7 +79,8 @@ class NLMEFit:
         """The objective of other subjects (held out of the fit) at this fit's estimates:
         -2 log of their marginal likelihood under the fitted population model."""
         return self.pop.objective(subjects, theta=self.theta, omega=self.omega,
-                                  sigma=self.sigma, method=self.method, nets=self.nets,
+                                  sigma=self.sigma, method=self.objective_method,
+                                  nets=self.nets,
                                   **solve)
 
     # ---------------------------------------------------------------- covariance step
@@ -139,7 +150,8 @@ class NLMEFit:
         H = np.full((n, n), np.nan)
 
         def grad(v):
-            parts = pop._objective_and_gradient(fits, to_x(v), etas, self.method)[2]
+            parts = pop._objective_and_gradient(fits, to_x(v), etas,
+                                                self.objective_method)[2]
             return self._natural_gradient(parts)[free]
 
         try:
@@ -163,9 +175,10 @@ class NLMEFit:
 
     @property
     def table(self):
-        """Per observation: ID, TIME, OBS (the observable or state), DV, PRED, IPRED, RES,
-        IRES, IWRES, WRES, CWRES (a pandas DataFrame when pandas is installed, else a dict
-        of arrays).
+        """Per observation: ID, TIME, OBS (the observable or state), DV, CENS, PRED, IPRED,
+        RES, IRES, IWRES, WRES, CWRES (a pandas DataFrame when pandas is installed, else a
+        dict of arrays). CENS is 1 for an observation below the LLOQ (M3; its DV is the
+        limit, its residuals are those of the limit).
 
         PRED/IPRED: predictions at eta = 0 and at the estimates; WRES and CWRES the
         residuals decorrelated (symmetric inverse square root) by the FO covariance at
@@ -188,8 +201,8 @@ class NLMEFit:
         theta, blocks, sigma = pop.unpack(self._x)
         omega = pop._omega_matrix(blocks)
         sds = pop._sd_per_error(sigma)
-        cols = {c: [] for c in ("ID", "TIME", "OBS", "DV", "PRED", "IPRED", "RES", "IRES",
-                                "IWRES", "WRES", "CWRES")}
+        cols = {c: [] for c in ("ID", "TIME", "OBS", "DV", "CENS", "PRED", "IPRED", "RES",
+                                "IRES", "IWRES", "WRES", "CWRES")}
         for sf, eta in zip(self._fits, self.eta):
             s = Subject(sf, pop.errors, theta, omega, sds, "focei", pop.ebe_tol,
                         pop.weights(self._x), pop.weight_index)
@@ -200,6 +213,8 @@ class NLMEFit:
             cwres = _decorrelate(Gi @ omega @ Gi.T + np.diag(Ri), y - fi + Gi @ eta)
             for c, v in (("ID", [sf.id] * y.shape[0]), ("TIME", sf.t),
                          ("OBS", [pop.error_names[e] for e in sf.err_index]), ("DV", y),
+                         ("CENS", np.zeros(y.shape[0], dtype=int) if sf.cens is None else
+                          sf.cens.astype(int)),
                          ("PRED", f0), ("IPRED", fi), ("RES", y - f0), ("IRES", y - fi),
                          ("IWRES", (y - fi) / np.sqrt(Ri)), ("WRES", wres),
                          ("CWRES", cwres)):

@@ -176,13 +176,13 @@ def test_theo_sd_focei_reproduces_nlmixr2():
 # ---------------------------------------------------------------- the exact gradients
 
 
-def _check_gradient(pop, subjects, x, method, directions=None, rel=1e-5):
+def _check_gradient(pop, subjects, x, method, directions=None, rel=1e-5, **prepare):
     """The exact gradient of ``method`` against central differences of its objective, along
     each coordinate (default) or along the rows of ``directions``. Laplace's objective holds
     a Hessian from central differences of the sensitivities: differencing it again takes a
     larger step (1e-4) to stay above the nested differences' rounding (about 1e-9 of the
     objective)."""
-    fits = pop.prepare(subjects, rtol=1e-11, atol=1e-12)
+    fits = pop.prepare(subjects, rtol=1e-11, atol=1e-12, **prepare)
     etas = [np.zeros(len(pop.eta_names))] * len(fits)
     value, etas, parts = pop._objective_and_gradient(fits, x, etas, method)
     g = pop.gradient_x(x, parts)
