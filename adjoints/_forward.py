@@ -52,12 +52,16 @@ class Job:
 
     def table(self, *needs):
         """The problem's kernel table with the solver's kernels and ``needs`` compiled."""
-        return self.prob.kernel_table(*dict.fromkeys(self.solver.needs + needs))
+        return self.prob.kernel_table(*dict.fromkeys(self.solver.kernels(self.model) + needs))
+
+    def linear(self):
+        """Fresh buffers of the solver's linear solves for this model (None: explicit)."""
+        return common.linear_algebra(self.model, self.solver.linsolve) if self.stiff else None
 
     def system(self, *needs):
         """The problem's forward system (`sciml.solvers.kernels.system.Forward`)."""
         return common.forward_system(self.table(*needs), self.p, self.sched, self.n,
-                                     self.stiff)
+                                     self.stiff, self.linear())
 
     def control(self):
         return self.solver.control(self.rtol, self.atol, self.dt, self.max_steps)

@@ -47,7 +47,7 @@ import numpy as np
 
 from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.common import Schedule
-from sciml.solvers.kernels.structs import lin, record
+from sciml.solvers.kernels.structs import record
 
 from ._forward import SolveFailed, forward
 from .base import SensitivityAlgorithm, _tol
@@ -70,7 +70,7 @@ def _adjoint(job, state, G, stops=None, obs_t=None):
     width = max(n, state.tab.c.shape[0]) + 1
     a = Adjoint(state.sys.m, state.sys, state.tab, state.rec, state.n_steps, fseg, jump,
                 np.ascontiguousarray(G), np.zeros((ROWS, width)), np.zeros(job.n_params),
-                np.zeros(1, dtype=np.int64), lin(n) if job.stiff else state.sys.lin,
+                np.zeros(1, dtype=np.int64), job.linear() if job.stiff else state.sys.lin,
                 np.zeros(3))
     return a, stops_b
 
@@ -97,7 +97,7 @@ class _Stored(SensitivityAlgorithm):
     """Shared forward pass: the solve at the observation times with its steps stored."""
 
     def needs(self, solver):
-        return ("vjp", "jac") if solver.stiff else ("vjp",)
+        return ("vjp",)  # a stiff solver's Jacobian is among its own kernels
 
     def forward(self, job):
         return forward(job, dense=True, needs=self.needs(job.solver)).check()
@@ -210,7 +210,7 @@ class BacksolveAdjoint(SensitivityAlgorithm):
         return f"BacksolveAdjoint(checkpointing={self.checkpointing}{extra})"
 
     def needs(self, solver):
-        return ("vjp", "jac", "hvp") if solver.stiff else ("vjp",)
+        return ("vjp", "hvp") if solver.stiff else ("vjp",)
 
     def forward(self, job):
         return forward(job, dense=False, needs=self.needs(job.solver)).check()

@@ -26,7 +26,7 @@ import numpy as np
 from sciml._jit import borrow, jit, keep_alive
 from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.erk import erk_stage_input, erk_weight
-from sciml.solvers.kernels.lu import lu_solve_transposed_into
+from sciml.solvers.kernels.linsolve import lin_solve_t
 from sciml.solvers.kernels.ros import ros_stage_input, ros_step
 from sciml.solvers.kernels.system import sys_autonomous, sys_f, sys_factor, sys_jac
 
@@ -169,7 +169,7 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
             q -= 1
         for i in range(s - 1, -1, -1):
             rb = Kbar[i]
-            lu_solve_transposed_into(rb, lin.W1, lin.piv1)  # Kbar_i becomes rbar_i
+            lin_solve_t(lin, 1, rb)  # Kbar_i becomes rbar_i
             # through the Jacobian in W: d/d(u, p) of rbar_i^T J K_i
             calls.hvp(m, xbar, pbar, rb, K[i], u, t)
             for c in range(n):

@@ -33,8 +33,8 @@ import numpy as np
 from sciml._jit import jit
 from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.family import step_interp, stored_state
-from sciml.solvers.kernels.lu import factor_shifted_into, lu_solve_into
-from sciml.solvers.kernels.structs import Lin, Model, Record
+from sciml.solvers.kernels.linsolve import lin_factor, lin_jac, lin_solve, lin_solve_t
+from sciml.solvers.kernels.structs import Model, Record
 from sciml.solvers.kernels.system import never, no_accept, register, sys_event, sys_f
 
 # QUADPACK's 15-point Kronrod rule and its embedded 7-point Gauss rule on [-1, 1]
@@ -60,7 +60,8 @@ class Adjoint(NamedTuple):
     observation row at each backward stop (-1: none); G : (T, n) the jumps;
     rows : (6, w) scratch, w >= max(n, stages) (`ROWS`); pscr : (n_params,) scratch;
     hint : (1,) int64 where to start the next stored-step search;
-    lin : Rosenbrock buffers; at : (3,) the Rosenbrock step's time, ihg, unused.
+    lin : the implicit steps' linear algebra (`sciml.solvers.kernels.linsolve`); at : (3,)
+    the Rosenbrock step's time, ihg, unused.
     """
 
     m: Model
@@ -74,7 +75,7 @@ class Adjoint(NamedTuple):
     rows: np.ndarray
     pscr: np.ndarray
     hint: np.ndarray
-    lin: Lin
+    lin: object
     at: np.ndarray
 
 
@@ -136,7 +137,7 @@ class Sens(NamedTuple):
     S0: np.ndarray
     rows: np.ndarray
     pscr: np.ndarray
-    lin: Lin
+    lin: object
     at: np.ndarray
     cols: np.ndarray
 
@@ -187,10 +188,11 @@ def _jump(a, z, k, lo):
 
 
 @jit(inline="always")
-def _factor_adjoint(a, ihg, W, piv):
-    """W = ihg I - J^T, factored (J at the step's start, in a.lin.J)."""
+def _factor_adjoint(a, ihg):
+    """W = ihg I - J^T: ihg I - J factored in slot 1 of a.lin, solved transposed (J at
+    the step's start)."""
     a.at[1] = ihg
-    return factor_shifted_into(W, a.lin.J, ihg, -1.0, True, piv)
+    return lin_factor(a.lin, 1, ihg, -1.0)
 
 
 @jit(inline="always")
@@ -223,14 +225,14 @@ def _adj_jac(sys, z, t, k):
     n = a.G.shape[1]
     u = a.rows[U][:n]
     _u_at(a, u, -tau, k)
-    calls.jac(a.m, a.lin.J, u, -tau)
+    lin_jac(a.m, a.lin, u, -tau)
     a.at[0] = -tau
     for i in range(n):
         a.rows[U0, i] = u[i]  # kept for the solves
 
 
 def _adj_factor(sys, ihg):
-    return _factor_adjoint(sys.a, ihg, sys.a.lin.W1, sys.a.lin.piv1)
+    return _factor_adjoint(sys.a, ihg)
 
 
 def _interp_solve(sys, r):
@@ -238,7 +240,7 @@ def _interp_solve(sys, r):
     a = sys.a
     n = a.G.shape[1]
     lam = r[:n]
-    lu_solve_into(lam, a.lin.W1, a.lin.piv1)
+    lin_solve_t(a.lin, 1, lam)
     x = a.rows[LAM][:n]
     _copy_into(x, lam, n)
     p = a.pscr
@@ -279,7 +281,7 @@ def _lam_event(sys, z, k):
 
 
 def _lam_solve(sys, r):
-    lu_solve_into(r, sys.a.lin.W1, sys.a.lin.piv1)
+    lin_solve_t(sys.a.lin, 1, r)
 
 
 @jit(inline="always")
@@ -399,7 +401,7 @@ def _back_jac(sys, z, t, k):
     n = a.G.shape[1]
     u = a.rows[U0][:n]
     _copy_into(u, z, n)
-    calls.jac(a.m, a.lin.J, u, -tau)
+    lin_jac(a.m, a.lin, u, -tau)
     a.at[0] = -tau
     for i in range(n):
         a.rows[LAM0, i] = z[n + i]  # kept for the solves
@@ -408,8 +410,7 @@ def _back_jac(sys, z, t, k):
 def _back_factor(sys, ihg):
     a = sys.a
     # du/dtau = -f: its Jacobian is -J, so W = ihg I + J
-    return (factor_shifted_into(a.lin.W2, a.lin.J, ihg, 1.0, False, a.lin.piv2)
-            and _factor_adjoint(a, ihg, a.lin.W1, a.lin.piv1))
+    return lin_factor(a.lin, 2, ihg, 1.0) and _factor_adjoint(a, ihg)
 
 
 def _back_solve(sys, r):
@@ -418,7 +419,7 @@ def _back_solve(sys, r):
     a = sys.a
     n = a.G.shape[1]
     xu = r[:n]
-    lu_solve_into(xu, a.lin.W2, a.lin.piv2)
+    lin_solve(a.lin, 2, xu)
     v = a.rows[U][:n]
     _copy_into(v, xu, n)
     p = a.pscr
@@ -430,7 +431,7 @@ def _back_solve(sys, r):
     lam = r[n:2 * n]
     for i in range(n):
         lam[i] += hu[i]
-    lu_solve_into(lam, a.lin.W1, a.lin.piv1)
+    lin_solve_t(a.lin, 1, lam)
     _copy_into(v, lam, n)
     calls.vjp(a.m, hu, p, v, u0, a.at[0])  # p += (df/dp)^T x_lambda
     ihg = a.at[1]
@@ -482,7 +483,7 @@ def _sens_jac(sys, z, t, k):
     n = sys.J.shape[0]
     u = sys.rows[2][:n]
     _copy_into(u, z, n)  # u at the step's start
-    calls.jac(sys.m, sys.lin.J, u, t)
+    lin_jac(sys.m, sys.lin, u, t)
     sys.at[0] = t
     S0 = sys.S0
     npar = S0.shape[1]
@@ -493,7 +494,7 @@ def _sens_jac(sys, z, t, k):
 
 def _sens_factor(sys, ihg):
     sys.at[1] = ihg
-    return factor_shifted_into(sys.lin.W1, sys.lin.J, ihg, -1.0, False, sys.lin.piv1)
+    return lin_factor(sys.lin, 1, ihg, -1.0)
 
 
 def _sens_solve(sys, r):
@@ -503,7 +504,7 @@ def _sens_solve(sys, r):
     S0 = sys.S0
     npar = S0.shape[1]
     xu = r[:n]
-    lu_solve_into(xu, sys.lin.W1, sys.lin.piv1)
+    lin_solve(sys.lin, 1, xu)
     v = sys.rows[0][:n]
     _copy_into(v, xu, n)
     e = sys.rows[3][:n]
@@ -527,7 +528,7 @@ def _sens_solve(sys, r):
     for j in range(npar):
         for i in range(n):
             col[i] = r[n + i * npar + j]
-        lu_solve_into(col, sys.lin.W1, sys.lin.piv1)
+        lin_solve(sys.lin, 1, col)
         for i in range(n):
             r[n + i * npar + j] = col[i]
 

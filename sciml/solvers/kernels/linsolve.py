@@ -53,13 +53,13 @@ def _ov_jac(m, lin, z, t):
         return lambda m, lin, z, t: calls.spjac(m, lin.Jx, z, t)
 
 
-@overload(lin_factor, jit_options=OPTIONS, inline="always")
+@overload(lin_factor, jit_options=OPTIONS)
 def _ov_factor(lin, which, ihg, sign):
+    # not inlined by numba (its inliner mishandles the branch on `which`); LLVM inlines them
     if _kind(lin) is Lin:
         def impl(lin, which, ihg, sign):
-            if which == 1:
-                return factor_shifted_into(lin.W1, lin.J, ihg, sign, False, lin.piv1)
-            return factor_shifted_into(lin.W2, lin.J, ihg, sign, False, lin.piv2)
+            W, piv = (lin.W1, lin.piv1) if which == 1 else (lin.W2, lin.piv2)
+            return factor_shifted_into(W, lin.J, ihg, sign, False, piv)
         return impl
     if _kind(lin) is sparse.SparseLU:
         def impl(lin, which, ihg, sign):
@@ -67,14 +67,12 @@ def _ov_factor(lin, which, ihg, sign):
         return impl
 
 
-@overload(lin_solve, jit_options=OPTIONS, inline="always")
+@overload(lin_solve, jit_options=OPTIONS)
 def _ov_solve(lin, which, r):
     if _kind(lin) is Lin:
         def impl(lin, which, r):
-            if which == 1:
-                lu_solve_into(r, lin.W1, lin.piv1)
-            else:
-                lu_solve_into(r, lin.W2, lin.piv2)
+            W, piv = (lin.W1, lin.piv1) if which == 1 else (lin.W2, lin.piv2)
+            lu_solve_into(r, W, piv)
         return impl
     if _kind(lin) is sparse.SparseLU:
         def impl(lin, which, r):
@@ -82,14 +80,12 @@ def _ov_solve(lin, which, r):
         return impl
 
 
-@overload(lin_solve_t, jit_options=OPTIONS, inline="always")
+@overload(lin_solve_t, jit_options=OPTIONS)
 def _ov_solve_t(lin, which, r):
     if _kind(lin) is Lin:
         def impl(lin, which, r):
-            if which == 1:
-                lu_solve_transposed_into(r, lin.W1, lin.piv1)
-            else:
-                lu_solve_transposed_into(r, lin.W2, lin.piv2)
+            W, piv = (lin.W1, lin.piv1) if which == 1 else (lin.W2, lin.piv2)
+            lu_solve_transposed_into(r, W, piv)
         return impl
     if _kind(lin) is sparse.SparseLU:
         def impl(lin, which, r):
