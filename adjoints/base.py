@@ -51,6 +51,9 @@ class SensitivityAlgorithm:
 
     def check_model(self, model, solver):
         """A clear error when the model lacks a kernel the method needs."""
+        if model.mass_matrix is not None:
+            raise ValueError(f"{type(self).__name__}: sensitivities of a model with a mass "
+                             "matrix (M du/dt = f) are not available yet")
         for k in self.needs(solver):
             if not model.has_kernel(k):
                 raise ValueError(f"{type(self).__name__} with {solver.name} needs the model's "

@@ -328,7 +328,8 @@ class ODEProblem:
             object.__setattr__(self, "dose_arrays", arrays)
             # No doses, no tstops, u0 an array: `sciml.solve` may take its lean path.
             object.__setattr__(self, "_plain", arrays.tstops.size == 0 and self._u0_fn is None
-                               and not self.changes and not self.events)
+                               and not self.changes and not self.events
+                               and model.mass_matrix is None)
         if name in ("changes", "events") and value and "doses" in self.__dict__:
             object.__setattr__(self, "_plain", False)
 

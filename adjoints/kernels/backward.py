@@ -88,7 +88,7 @@ def _plain_system(kern, p):
     m = Model(kern, p, np.zeros(max(kern[K_WS], 1)))
     no_i = np.zeros(0, dtype=np.int64)
     no2 = np.zeros((0, 0))
-    return m, Forward(m, no_i, no_i, np.zeros(0), Lin(no2, no2, no_i, no2, no_i))
+    return m, Forward(m, no_i, no_i, np.zeros(0), Lin(no2, no2, no_i, no2, no_i, np.zeros(0)))
 
 
 @jit

@@ -119,6 +119,27 @@ def _vector(name, x, n):
     return a
 
 
+def _mass_diagonal(M, n):
+    """The diagonal of a mass matrix (float64 (n,)), or None for none (or the identity)."""
+    if M is None:
+        return None
+    a = np.asarray(M, dtype=np.float64)
+    if a.ndim == 2:
+        if a.shape != (n, n):
+            raise ValueError(f"`mass_matrix` must be ({n}, {n}) or its diagonal ({n},), got "
+                             f"shape {a.shape}")
+        if np.any(a - np.diag(np.diag(a))):
+            raise ValueError("`mass_matrix` must be diagonal (semi-explicit DAEs); a full "
+                             "mass matrix is not supported yet")
+        a = np.diag(a).copy()
+    if a.shape != (n,):
+        raise ValueError(f"`mass_matrix` must be ({n}, {n}) or its diagonal ({n},), got "
+                         f"shape {a.shape}")
+    if not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise ValueError(f"`mass_matrix` must be finite and >= 0 on its diagonal, got {a}")
+    return None if np.all(a == 1.0) else np.ascontiguousarray(a)
+
+
 class Model:
     """An ODE model ``du/dt = f(u, p, t)`` with embedded networks, compiled to kernels.
 
@@ -143,6 +164,12 @@ class Model:
     observables : dict of str -> callable, optional
         ``g(u, p)``, ``g(u, p, t)`` or ``g(u, p, t, nets)``, each returning one
         value; they may call the model's networks.
+    mass_matrix : array_like, optional
+        ``M`` of ``M du/dt = f(u, p, t)``: its diagonal (n,) or the diagonal
+        (n, n) matrix. Zeros make their rows algebraic equations ``0 = f_i``
+        (a semi-explicit index-1 DAE, e.g. a conservation law or an SBML
+        algebraic rule); `sciml.Rodas5` and `sciml.BDF` solve it, starting from
+        initial values made consistent (Newton on the algebraic states).
 
     Raises
     ------
@@ -165,9 +192,11 @@ class Model:
     # observables); None for a model made with `from_kernels`, which has no traced f.
     _trace = None
     _obs_trace = None
+    _mass = None  # the mass matrix's diagonal, for M du/dt = f (None: an ODE)
 
-    def __init__(self, f, states, params, nets=None, observables=None):
+    def __init__(self, f, states, params, nets=None, observables=None, mass_matrix=None):
         states, params, nets, observables = self._check(states, params, nets, observables)
+        self._mass = _mass_diagonal(mass_matrix, len(states))
         trace = trace_model(f, states, params, nets)
         specs, n_params = self._net_specs(nets, len(params))
         sets = {"f": KernelSet(trace, specs, n_params)}
@@ -459,6 +488,11 @@ class Model:
         J = np.empty((self.n_states, self.n_states))
         self._call("jac", (J, u, p), t)
         return J
+
+    @property
+    def mass_matrix(self):
+        """The diagonal (n,) of the mass matrix of ``M du/dt = f``, or None (an ODE)."""
+        return self._mass
 
     @property
     def jac_sparsity(self):

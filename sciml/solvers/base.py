@@ -118,6 +118,9 @@ class Solver:
         """
         n = prob.model.n_states
         p = prob.params if params is None else params
+        if prob.model.mass_matrix is not None and not self.stiff:
+            raise ValueError(f"{self.name} cannot solve a model with a mass matrix (M du/dt = "
+                             "f); use sciml.Rodas5() or sciml.BDF()")
         sched = common.schedule(prob)
         linear = common.linear_algebra(prob.model, self.linsolve) if self.stiff else None
         sys = common.forward_system(prob.kernel_table(*self.kernels(prob.model)), p, sched, n,
@@ -129,7 +132,7 @@ class Solver:
         while True:  # storage for every step: a guess, grown and the solve rerun if short
             rec = record(n, np.zeros(0) if every else saveat, every, bool(dense), self._rows(),
                          cap)
-            z = prob.initial_state(p)
+            z = common.consistent(prob.model, prob.initial_state(p), p, sched.stops[0])
             status, t_end = self._loop()(sys, tab, ctl, sched.stops, z, rec)
             if status != _ctl.NEED_STORAGE:
                 break

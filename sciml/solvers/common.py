@@ -15,7 +15,7 @@ from .kernels.system import Forward, Infused
 
 _NO_INT = np.zeros(0, dtype=np.int64)
 _NO_FLOAT = np.zeros(0)
-_NO_LIN = Lin(np.zeros((0, 0)), np.zeros((0, 0)), _NO_INT, np.zeros((0, 0)), _NO_INT)
+_NO_LIN = Lin(np.zeros((0, 0)), np.zeros((0, 0)), _NO_INT, np.zeros((0, 0)), _NO_INT, _NO_FLOAT)
 
 
 @dataclass
@@ -111,12 +111,38 @@ def linear_algebra(model, linsolve):
     `kernels.structs.Lin`, or a `kernels.sparse.SparseLU` on the model's pattern (its
     analysis shared, its values this solve's own)."""
     n = model.n_states
+    mass = _NO_FLOAT if model.mass_matrix is None else model.mass_matrix
     if linsolve_kind(model, linsolve) == "dense":
-        return lin(n)
+        return lin(n, mass)
     s = model._sparse_lu()
     nnz = s.idx.shape[0]
-    return s._replace(Jx=np.zeros(s.jidx.shape[0]), LU1=np.zeros(nnz), LU2=np.zeros(nnz),
-                      w=np.zeros(n))
+    return s._replace(Jx=np.zeros(s.jidx.shape[0]), mass=mass, LU1=np.zeros(nnz),
+                      LU2=np.zeros(nnz), w=np.zeros(n))
+
+
+def consistent(model, u0, p, t0, tol=1e-12, max_iter=50):
+    """``u0`` with its algebraic states (zero rows of the mass matrix) solved from
+    ``0 = f_alg(u, p, t0)`` by Newton on their block of the Jacobian, the differential
+    states kept (u0 itself when the model is an ODE)."""
+    mass = model.mass_matrix
+    if mass is None:
+        return u0
+    alg = np.flatnonzero(mass == 0.0)
+    if alg.size == 0:
+        return u0
+    z = np.array(u0, dtype=np.float64)
+    for _ in range(max_iter):
+        r = model.rhs(z, p, t0)[alg]
+        if np.all(np.abs(r) <= tol * (1.0 + np.abs(z[alg]))):
+            return z
+        J = model.spjac(z, p, t0) if model._sparse_jacobian() else model.jac(z, p, t0)
+        Jaa = J[alg][:, alg]
+        if hasattr(Jaa, "toarray"):
+            Jaa = Jaa.toarray()
+        z[alg] -= np.linalg.solve(Jaa, r)
+    raise ValueError(f"the initial values of the algebraic states {alg.tolist()} could not "
+                     "be made consistent (0 = f_alg by Newton did not converge): check u0 "
+                     "and that the DAE is index 1 (df_alg/du_alg invertible)")
 
 
 def forward_system(table, params, sched, n, stiff=False, linear=None):

@@ -38,16 +38,18 @@ def test_factor_matches_scipy(rng, n):
 
 
 @pytest.mark.parametrize("sign", [-1.0, 1.0])
-@pytest.mark.parametrize("transposed", [False, True])
-def test_factor_shifted_is_the_shifted_matrix_factored(rng, sign, transposed):
+@pytest.mark.parametrize("with_mass", [False, True])
+def test_factor_shifted_is_the_shifted_matrix_factored(rng, sign, with_mass):
     n = 5
     J = rng.normal(size=(n, n))
+    mass = np.array([1.0, 0.0, 2.0, 1.0, 0.5]) if with_mass else np.zeros(0)
     W, piv = np.full((n, n), np.nan), np.zeros(n, dtype=np.int64)
-    assert factor_shifted_into(W, J, 37.0, sign, transposed, piv)
-    ref_lu, ref_piv = scipy.linalg.lu_factor(37.0 * np.eye(n) + sign * (J.T if transposed else J))
+    assert factor_shifted_into(W, J, 37.0, mass, sign, piv)
+    M = np.diag(mass) if with_mass else np.eye(n)
+    ref_lu, ref_piv = scipy.linalg.lu_factor(37.0 * M + sign * J)
     np.testing.assert_array_equal(piv, ref_piv)
     np.testing.assert_allclose(W, ref_lu, rtol=1e-12, atol=1e-12)
-    assert not factor_shifted_into(W, np.zeros((n, n)), 0.0, sign, transposed, piv)  # singular
+    assert not factor_shifted_into(W, np.zeros((n, n)), 0.0, mass, sign, piv)  # singular
 
 
 @pytest.mark.parametrize("n", [1, 2, 4, 9, 20])

@@ -235,3 +235,17 @@ def test_gradients_through_the_sparse_lu(bruss50, method):
     _, g = sciml.loss_and_grad(prob, data, solver=sciml.Rodas5(linsolve="sparse"),
                                sensealg=method, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(g, fd, rtol=1e-6)
+
+
+def test_factor_with_a_mass_diagonal(rng):
+    _, J = _analysed(rng, 30, 0.1)
+    mass = rng.choice([0.0, 1.0, 2.5], size=30)
+    J += 100.0 * np.eye(30)  # keeps W regular where M has zeros
+    A = sp.csr_array(J)
+    s2 = sparse.analyse(A.indptr, A.indices, 30)._replace(mass=mass)
+    s2.Jx[:] = A.data
+    assert sparse.factor(s2, s2.LU1, 7.0, -1.0)
+    b = rng.normal(size=30)
+    x = b.copy()
+    sparse.solve(s2, s2.LU1, x)
+    np.testing.assert_allclose(x, np.linalg.solve(7.0 * np.diag(mass) - J, b), rtol=1e-10)

@@ -47,7 +47,7 @@ from .control import (
 )
 from .erk import find_step
 from .structs import S_NACC, S_NFEV, S_NJAC, S_NLU, S_NREJ, S_NSAVE
-from .system import sys_event, sys_f, sys_factor, sys_jac, sys_solve
+from .system import sys_event, sys_f, sys_factor, sys_jac, sys_mass, sys_solve
 
 MAX_ORDER = 5
 NEWTON_MAXITER = 4
@@ -182,6 +182,8 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
         d_z[0, :] = z
     nfev = njac = nlu = nacc = nrej = 0
     status = SUCCESS
+    mass = sys_mass(sys)  # M dz/dt = f: the history terms are M's
+    unit = mass.shape[0] == 0
     newton_tol = max(10.0 * 2.220446049250313e-16 / ctl.rtol, min(0.03, math.sqrt(ctl.rtol)))
     # the first step: Hairer's estimate for order 1, or the given h0
     sys_f(sys, f, z, t, 0)
@@ -264,7 +266,8 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
             if not all_finite(f):
                 break
             for m in range(nz):
-                f[m] = f[m] - (psi[m] + d[m]) / c  # W = I/c - J: W dy = f - (psi + d) / c
+                # W = M/c - J: W dy = f - M (psi + d) / c
+                f[m] = f[m] - (psi[m] + d[m]) / c * (1.0 if unit else mass[m])
             sys_solve(sys, f)
             dn = _wrms(ctl, f, y)
             rate = dn / old_norm if old_norm > 0.0 else -1.0

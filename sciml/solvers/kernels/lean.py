@@ -102,7 +102,7 @@ def _make(tab, settings, code):
         no_f, no_i = buf[:0], stats[:0]
         no2 = buf[:0].reshape((0, n))
         no22 = buf[:0].reshape((0, 0))
-        sys = Forward(m, no_i, no_i, no_f, Lin(no22, no22, no_i, no22, no_i))
+        sys = Forward(m, no_i, no_i, no_f, Lin(no22, no22, no_i, no22, no_i, no_f))
         ctl = Control(rtol, atol_v, safety, qmin, qmax, beta1, beta2, max_steps, dt, adaptive)
         rec = Record(borrow(save_t), borrow(out_u), False, no_f, False, no_f, no2,
                      buf[:0].reshape((0, 0, n)), stats[:0].view(np.int8), no_i, stats)

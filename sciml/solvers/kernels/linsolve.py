@@ -1,7 +1,8 @@
 """The linear solves of implicit steps, behind one interface.
 
 Every implicit step (Rosenbrock stages, BDF Newton iterations, their adjoints)
-solves with ``W = ihg I + sign J``. The loops and systems call four functions;
+solves with ``W = ihg M + sign J``, M the model's (diagonal) mass matrix, the
+identity for an ODE (``lin.mass`` empty). The loops and systems call four functions;
 the type of the buffers they pass (``lin``) picks the implementation:
 
 - ``lin_jac(m, lin, z, t)``: J at ``(z, t)`` from the model's kernel (dense, or
@@ -59,7 +60,7 @@ def _ov_factor(lin, which, ihg, sign):
     if _kind(lin) is Lin:
         def impl(lin, which, ihg, sign):
             W, piv = (lin.W1, lin.piv1) if which == 1 else (lin.W2, lin.piv2)
-            return factor_shifted_into(W, lin.J, ihg, sign, False, piv)
+            return factor_shifted_into(W, lin.J, ihg, lin.mass, sign, piv)
         return impl
     if _kind(lin) is sparse.SparseLU:
         def impl(lin, which, ihg, sign):

@@ -87,16 +87,17 @@ def lu_solve_into(x, LU, piv):
 
 
 @jit(inline="always")
-def factor_shifted_into(W, J, ihg, sign, transposed, piv):
-    """``W = ihg I + sign J`` (``J^T`` when ``transposed``), factored in place as by
-    `lu_factor_into`: the matrix of every implicit step (``sign`` -1.0 for the forward
-    and adjoint systems, +1.0 for a system integrated in reverse time). True if it
-    factored (no zero pivot)."""
+def factor_shifted_into(W, J, ihg, mass, sign, piv):
+    """``W = ihg M + sign J`` with ``M = diag(mass)`` (empty ``mass``: the identity),
+    factored in place as by `lu_factor_into`: the matrix of every implicit step (``sign``
+    -1.0 for the forward and adjoint systems, +1.0 for a system integrated in reverse
+    time). True if it factored (no zero pivot)."""
     n = J.shape[0]
+    unit = mass.shape[0] == 0
     for i in range(n):
         for j in range(n):
-            W[i, j] = sign * (J[j, i] if transposed else J[i, j])
-        W[i, i] += ihg
+            W[i, j] = sign * J[i, j]
+        W[i, i] += ihg if unit else ihg * mass[i]
     return lu_factor_into(W, piv) == 0
 
 

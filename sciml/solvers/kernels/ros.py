@@ -52,6 +52,7 @@ from .system import (
     sys_f,
     sys_factor,
     sys_jac,
+    sys_mass,
     sys_solve,
 )
 
@@ -78,6 +79,8 @@ def ros_step(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     s = len(tab.c)
     nz = z.shape[0]
     ih = 1.0 / h
+    mass = sys_mass(sys)  # M dz/dt = f: the C terms are M's (Hairer & Wanner VI.4)
+    unit = mass.shape[0] == 0
     for st in range(s):
         if st == 0:
             for m in range(nz):
@@ -89,7 +92,7 @@ def ros_step(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
                 acc = 0.0
                 for j in range(st):
                     acc += tab.C[st * s + j] * K[j, m]
-                r[m] += acc * ih
+                r[m] += acc * ih if unit else mass[m] * acc * ih
         if nonauto:
             hd = h * tab.d[st]
             for m in range(nz):

@@ -37,8 +37,8 @@ class SparseLU(NamedTuple):
     jptr, jidx : J's CSR pattern (the model's); jmap (nnz_J,) : position of each of
     J's entries in the factors; perm (n,) : the ordering q (row/column i of the
     factors is q[i] of W); ptr, idx, diag : the factors' pattern; Jx (nnz_J,) : J's
-    values; LU1, LU2 (nnz_LU,) : two factorisations (a system uses one or both);
-    w (n,) : scratch.
+    values; mass : the diagonal mass matrix (empty: the identity); LU1, LU2 (nnz_LU,) :
+    two factorisations (a system uses one or both); w (n,) : scratch.
     """
 
     jptr: np.ndarray
@@ -49,6 +49,7 @@ class SparseLU(NamedTuple):
     idx: np.ndarray
     diag: np.ndarray
     Jx: np.ndarray
+    mass: np.ndarray
     LU1: np.ndarray
     LU2: np.ndarray
     w: np.ndarray
@@ -139,7 +140,7 @@ def analyse(jptr, jidx, n):
     rows = np.repeat(np.arange(n), np.diff(jptr))
     jmap = _positions(ptr, idx, inv[rows], inv[jidx])
     return SparseLU(jptr, jidx, jmap, perm, ptr, idx, diag, np.zeros(jidx.shape[0]),
-                    np.zeros(idx.shape[0]), np.zeros(idx.shape[0]), np.zeros(n))
+                    np.zeros(0), np.zeros(idx.shape[0]), np.zeros(idx.shape[0]), np.zeros(n))
 
 
 @jit
@@ -161,16 +162,17 @@ def _positions(ptr, idx, rows, cols):
 
 @jit
 def factor(s, LU, ihg, sign):
-    """``LU`` = the factors of ``ihg I + sign J`` (J's values in ``s.Jx``). True if it
-    factored: every pivot finite and non-zero."""
+    """``LU`` = the factors of ``ihg M + sign J`` (J's values in ``s.Jx``, M = diag(s.mass),
+    the identity when empty). True if it factored: every pivot finite and non-zero."""
     ptr, idx, diag, w = s.ptr, s.idx, s.diag, s.w
     n = diag.shape[0]
     for q in range(LU.shape[0]):
         LU[q] = 0.0
     for e in range(s.Jx.shape[0]):
         LU[s.jmap[e]] += sign * s.Jx[e]
+    unit = s.mass.shape[0] == 0
     for i in range(n):
-        LU[diag[i]] += ihg
+        LU[diag[i]] += ihg if unit else ihg * s.mass[s.perm[i]]
     for i in range(n):
         lo, hi = ptr[i], ptr[i + 1]
         for q in range(lo, hi):

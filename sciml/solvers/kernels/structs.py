@@ -126,22 +126,24 @@ S_NFEV, S_NACC, S_NREJ, S_NSAVE, S_NJAC, S_NLU = range(6)
 
 
 class Lin(NamedTuple):
-    """Buffers of the Rosenbrock linear algebra: the Jacobian ``J`` (n, n) and two
-    factored matrices with their pivots (a system uses one or both)."""
+    """Buffers of the dense implicit linear algebra: the Jacobian ``J`` (n, n), two
+    factored matrices with their pivots (a system uses one or both), and the diagonal
+    mass matrix ``mass`` (empty: the identity)."""
 
     J: np.ndarray
     W1: np.ndarray
     piv1: np.ndarray
     W2: np.ndarray
     piv2: np.ndarray
-
-
-def lin(n):
-    return Lin(np.zeros((n, n)), np.zeros((n, n)), np.zeros(n, dtype=np.int64), np.zeros((n, n)),
-               np.zeros(n, dtype=np.int64))
+    mass: np.ndarray
 
 
 _EMPTY = np.zeros(0)
+
+
+def lin(n, mass=_EMPTY):
+    return Lin(np.zeros((n, n)), np.zeros((n, n)), np.zeros(n, dtype=np.int64), np.zeros((n, n)),
+               np.zeros(n, dtype=np.int64), mass)
 
 
 def record(nz, save_t=_EMPTY, every=False, dense=False, rows=1, cap=0):

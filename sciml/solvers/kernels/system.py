@@ -14,10 +14,11 @@ the implementation by the type of ``sys`` (a named tuple class registered with
 - ``sys_accept(sys, tab, t, h, z, znew, K, k)``: work after each accepted step
   (quadratures); returns the evaluations it made; ``sys_interpolates(sys)``: whether
   that work reads the step's interpolant (so extra interpolant stages are needed);
-- for Rosenbrock methods, ``sys_jac(sys, z, t, k)`` (the Jacobian at a step's
-  start), ``sys_factor(sys, ihg)`` (factor ``ihg I - Jacobian``; False if
-  singular), ``sys_solve(sys, r)`` (``r <- (ihg I - Jacobian)^-1 r``) and
-  ``sys_autonomous(sys)``.
+- for implicit methods, ``sys_jac(sys, z, t, k)`` (the Jacobian at a step's
+  start), ``sys_factor(sys, ihg)`` (factor ``ihg M - Jacobian``; False if
+  singular), ``sys_solve(sys, r)`` (``r <- (ihg M - Jacobian)^-1 r``),
+  ``sys_autonomous(sys)`` and ``sys_mass(sys)``: the diagonal of the mass matrix
+  M of ``M dz/dt = f`` (empty, the default: the identity).
 
 `Forward` is a model's own ODE, du/dt = f(u, p, t) plus the infusion rate of
 each dose segment, with boluses as events. The adjoint and sensitivity systems
@@ -80,6 +81,10 @@ def sys_autonomous(sys):
     _outside()
 
 
+def sys_mass(sys):
+    _outside()
+
+
 @overload(sys_f, jit_options=OPTIONS, inline="always")
 def _ov_f(sys, out, z, t, k):
     return _impl("f", sys)
@@ -120,10 +125,19 @@ def _ov_autonomous(sys):
     return _impl("autonomous", sys)
 
 
+_NO_MASS = np.zeros(0)
+
+
+@overload(sys_mass, jit_options=OPTIONS, inline="always")
+def _ov_mass(sys):
+    impl = _impl("mass", sys)
+    return impl if impl is not None else (lambda sys: _NO_MASS)
+
+
 def register(cls, **hooks):
     """Register implementations (plain Python functions, compiled by numba) of the hooks
-    ``f, event, accept, interpolates, jac, factor, solve, autonomous`` for systems of
-    class ``cls``."""
+    ``f, event, accept, interpolates, jac, factor, solve, autonomous`` (and optionally
+    ``mass``) for systems of class ``cls``."""
     for name, fn in hooks.items():
         _IMPLS.setdefault(name, {})[cls] = fn
 
@@ -206,6 +220,10 @@ def _fwd_autonomous(sys):
     return sys.m.kern[calls.K_AUTONOMOUS] != 0
 
 
+def _fwd_mass(sys):
+    return sys.lin.mass
+
+
 for _cls, _f in ((Forward, _fwd_f), (Infused, _infused_f)):
     register(_cls, f=_f, event=_fwd_event, accept=no_accept, interpolates=never, jac=_fwd_jac,
-             factor=_fwd_factor, solve=_fwd_solve, autonomous=_fwd_autonomous)
+             factor=_fwd_factor, solve=_fwd_solve, autonomous=_fwd_autonomous, mass=_fwd_mass)
