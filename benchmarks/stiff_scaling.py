@@ -120,7 +120,6 @@ def impls(ng, tol):
 
     ref = reference(ng)
     out, quality = [], {}
-    n = 3 * ng
     atol = 1e-4 * tol
 
     # ---- ours
@@ -223,13 +222,120 @@ def _diffrax(ng, tol, atol, quality):
     return timed("diffrax-Kvaerno5", run)
 
 
+# ---------------------------------------------------------------- 2-D Brusselator
+
+BRUSS = (3.4, 1.0, 10.0)  # A, B, alpha (alpha / dx^2 the diffusion)
+BRUSS_T = (0.0, 11.5)
+BRUSS_SAVE = np.array([1.0, 2.0, 5.0, 11.5])
+
+
+def bruss_grid(N):
+    xy = np.linspace(0.0, 1.0, N)
+    X, Y = np.meshgrid(xy, xy, indexing="ij")
+    disc = ((X - 0.3) ** 2 + (Y - 0.6) ** 2 <= 0.01).astype(float)
+    u0 = np.concatenate([(22 * (Y * (1 - Y)) ** 1.5).ravel(), (27 * (X * (1 - X)) ** 1.5).ravel()])
+    return xy[1] - xy[0], disc, u0
+
+
+def bruss_model(N):
+    """SciML's 2-D Brusselator on an N x N periodic grid (2 N^2 states: x then y), the
+    forcing 5 inside a disc switched on at t = 1.1."""
+    import sciml
+
+    dx, disc, _ = bruss_grid(N)
+
+    def f(u, p, t):
+        a = p.alpha / dx ** 2
+        on = np.where(t >= 1.1, 5.0, 0.0)
+        x, y = u[:N * N], u[N * N:]
+        dxs, dys = [], []
+        for i in range(N):
+            for j in range(N):
+                k = i * N + j
+                nb = [((i + 1) % N) * N + j, ((i - 1) % N) * N + j, i * N + (j + 1) % N,
+                      i * N + (j - 1) % N]
+                lx = sum(x[q] for q in nb) - 4 * x[k]
+                ly = sum(y[q] for q in nb) - 4 * y[k]
+                r = x[k] * x[k] * y[k]
+                fx = a * lx + p.B + r - (p.A + 1) * x[k] + (on if disc[i, j] else 0)
+                dxs.append(fx)
+                dys.append(a * ly + p.A * x[k] - r)
+        return dxs + dys
+
+    states = [f"x{k}" for k in range(N * N)] + [f"y{k}" for k in range(N * N)]
+    return sciml.Model(f, states, ["A", "B", "alpha"])
+
+
+def bruss_numpy(N):
+    dx, disc, _ = bruss_grid(N)
+    A, B, alpha = BRUSS
+    a = alpha / dx ** 2
+
+    def lap(v):
+        return (np.roll(v, 1, 0) + np.roll(v, -1, 0) + np.roll(v, 1, 1) + np.roll(v, -1, 1)
+                - 4 * v)
+
+    def f(t, u):
+        x, y = u[:N * N].reshape(N, N), u[N * N:].reshape(N, N)
+        r = x * x * y
+        fx = a * lap(x) + B + r - (A + 1) * x + (5.0 * disc if t >= 1.1 else 0.0)
+        return np.concatenate([fx.ravel(), (a * lap(y) + A * x - r).ravel()])
+
+    return f
+
+
+def bruss_rows(N, tol, repeats, with_grad):
+    import adjoints
+    import sciml
+
+    t0 = time.perf_counter()
+    model = bruss_model(N)
+    build = time.perf_counter() - t0
+    _, _, u0 = bruss_grid(N)
+    prob = sciml.ODEProblem(model, u0=u0, tspan=BRUSS_T, params=np.array(BRUSS), tstops=[1.1])
+    ref = solve_ivp(bruss_numpy(N), BRUSS_T, u0, method="BDF", rtol=1e-10, atol=1e-12,
+                    jac_sparsity=model.jac_sparsity, t_eval=BRUSS_SAVE).y.T
+    atol = 1e-3 * tol
+    imps, got = [], {}
+    for name, solver in (("ours-BDF", sciml.BDF()), ("ours-Rodas5", sciml.Rodas5())):
+        def run(solver=solver, name=name):
+            got[name] = np.asarray(sciml.solve(prob, solver, rtol=tol, atol=atol,
+                                               saveat=BRUSS_SAVE).u)
+        imps.append(timed(name, run))
+    if N <= 32:
+        f_np, pattern = bruss_numpy(N), model.jac_sparsity
+
+        def run_sp():
+            got["scipy-BDF"] = solve_ivp(f_np, BRUSS_T, u0, method="BDF", rtol=tol, atol=atol,
+                                         jac_sparsity=pattern, t_eval=BRUSS_SAVE).y.T
+        imps.append(timed("scipy-BDF", run_sp))
+    if with_grad:
+        data = sciml.Data(BRUSS_SAVE, ref * 1.02)
+        p1 = prob.remake(params=np.array(BRUSS) * 1.01)
+
+        def grad():
+            got["grad"] = sciml.loss_and_grad(p1, data, solver=sciml.Rodas5(), rtol=tol,
+                                              atol=atol, sensealg=adjoints.GaussAdjoint())[1]
+        imps.append(timed("ours-gradient", grad))
+    H.time_alternating(imps, repeats, pause_s=0.05)
+    rows = []
+    for imp in imps:
+        q = {"rel_error": rel_error(got[imp.name], ref)} if imp.name in got and \
+            imp.name != "ours-gradient" else {}
+        if imp.name == "ours-gradient" and "grad" in got:
+            q = {"grad": got["grad"].tolist()}
+        rows.append(H.result_row(imp, "solve" if imp.name != "ours-gradient" else "grad", q))
+    return rows, build
+
+
 def main(argv=None):
     p = H.make_parser(__doc__.splitlines()[0])
     p.add_argument("--groups", default="1,10,100,1000",
                    help="comma-separated ngroups (default 1,10,100,1000)")
     p.add_argument("--tols", default="1e-4,1e-8")
+    p.add_argument("--bruss", default="16,32", help="2-D Brusselator grid sizes N (N x N)")
     args = p.parse_args(argv)
-    groups = [int(g) for g in args.groups.split(",")]
+    groups = [int(g) for g in args.groups.split(",") if g]
     tols = [float(t) for t in args.tols.split(",")]
     repeats = 3 if args.quick else 7
     print(H.busy_note())
@@ -268,6 +374,22 @@ def main(argv=None):
                       f"{r['quality'].get('rel_error', float('nan')):9.1e} {ratio:10.2f}")
             results.append({"problem": "robertson_groups", "ngroups": ng, "states": 3 * ng,
                             "rtol": tol, "atol": 1e-4 * tol, "build_s": build,
+                            "other_load": cores, "rows": rows})
+    for N in [int(v) for v in args.bruss.split(",") if v]:
+        for tol in (1e-4, 1e-8) if N <= 32 else (1e-4,):
+            load = H.OtherLoad().start()
+            rows, build = bruss_rows(N, tol, repeats, with_grad=tol == 1e-4)
+            cores = load.stop()
+            print(f"\n2-D Brusselator {N} x {N} ({2 * N * N} states), rtol {tol:g}; "
+                  f"model built in {build:.1f} s; {H.OtherLoad.note(cores, 'while timing')}")
+            for r in rows:
+                if r.get("error"):
+                    print(f"{r['impl']:18s} {r['error']}")
+                    continue
+                print(f"{r['impl']:18s} {r['median_s'] * 1e3:9.2f}ms {r['first_call_s']:8.2f}s "
+                      f"{r['quality'].get('rel_error', float('nan')):9.1e}")
+            results.append({"problem": "brusselator_2d", "N": N, "states": 2 * N * N,
+                            "rtol": tol, "atol": 1e-3 * tol, "build_s": build,
                             "other_load": cores, "rows": rows})
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

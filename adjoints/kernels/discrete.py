@@ -169,7 +169,7 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
             q -= 1
         for i in range(s - 1, -1, -1):
             rb = Kbar[i]
-            lin_solve_t(lin, 1, rb)  # Kbar_i becomes rbar_i
+            lin_solve_t(lin, rb)  # Kbar_i becomes rbar_i
             # through the Jacobian in W: d/d(u, p) of rbar_i^T J K_i
             calls.hvp(m, xbar, pbar, rb, K[i], u, t)
             for c in range(n):

@@ -33,7 +33,14 @@ import numpy as np
 from sciml._jit import jit
 from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.family import step_interp, stored_state
-from sciml.solvers.kernels.linsolve import lin_factor, lin_jac, lin_solve, lin_solve_t
+from sciml.solvers.kernels.linsolve import (
+    lin_factor,
+    lin_factor2,
+    lin_jac,
+    lin_solve,
+    lin_solve2,
+    lin_solve_t,
+)
 from sciml.solvers.kernels.structs import Model, Record
 from sciml.solvers.kernels.system import never, no_accept, register, sys_event, sys_f
 
@@ -189,10 +196,10 @@ def _jump(a, z, k, lo):
 
 @jit(inline="always")
 def _factor_adjoint(a, ihg):
-    """W = ihg I - J^T: ihg I - J factored in slot 1 of a.lin, solved transposed (J at
+    """W = ihg I - J^T: ihg I - J factored in a.lin, solved transposed (J at
     the step's start)."""
     a.at[1] = ihg
-    return lin_factor(a.lin, 1, ihg, -1.0)
+    return lin_factor(a.lin, ihg, -1.0)
 
 
 @jit(inline="always")
@@ -240,7 +247,7 @@ def _interp_solve(sys, r):
     a = sys.a
     n = a.G.shape[1]
     lam = r[:n]
-    lin_solve_t(a.lin, 1, lam)
+    lin_solve_t(a.lin, lam)
     x = a.rows[LAM][:n]
     _copy_into(x, lam, n)
     p = a.pscr
@@ -281,7 +288,7 @@ def _lam_event(sys, z, k):
 
 
 def _lam_solve(sys, r):
-    lin_solve_t(sys.a.lin, 1, r)
+    lin_solve_t(sys.a.lin, r)
 
 
 @jit(inline="always")
@@ -410,7 +417,7 @@ def _back_jac(sys, z, t, k):
 def _back_factor(sys, ihg):
     a = sys.a
     # du/dtau = -f: its Jacobian is -J, so W = ihg I + J
-    return lin_factor(a.lin, 2, ihg, 1.0) and _factor_adjoint(a, ihg)
+    return lin_factor2(a.lin, ihg, 1.0) and _factor_adjoint(a, ihg)
 
 
 def _back_solve(sys, r):
@@ -419,7 +426,7 @@ def _back_solve(sys, r):
     a = sys.a
     n = a.G.shape[1]
     xu = r[:n]
-    lin_solve(a.lin, 2, xu)
+    lin_solve2(a.lin, xu)
     v = a.rows[U][:n]
     _copy_into(v, xu, n)
     p = a.pscr
@@ -431,7 +438,7 @@ def _back_solve(sys, r):
     lam = r[n:2 * n]
     for i in range(n):
         lam[i] += hu[i]
-    lin_solve_t(a.lin, 1, lam)
+    lin_solve_t(a.lin, lam)
     _copy_into(v, lam, n)
     calls.vjp(a.m, hu, p, v, u0, a.at[0])  # p += (df/dp)^T x_lambda
     ihg = a.at[1]
@@ -494,7 +501,7 @@ def _sens_jac(sys, z, t, k):
 
 def _sens_factor(sys, ihg):
     sys.at[1] = ihg
-    return lin_factor(sys.lin, 1, ihg, -1.0)
+    return lin_factor(sys.lin, ihg, -1.0)
 
 
 def _sens_solve(sys, r):
@@ -504,7 +511,7 @@ def _sens_solve(sys, r):
     S0 = sys.S0
     npar = S0.shape[1]
     xu = r[:n]
-    lin_solve(sys.lin, 1, xu)
+    lin_solve(sys.lin, xu)
     v = sys.rows[0][:n]
     _copy_into(v, xu, n)
     e = sys.rows[3][:n]
@@ -528,7 +535,7 @@ def _sens_solve(sys, r):
     for j in range(npar):
         for i in range(n):
             col[i] = r[n + i * npar + j]
-        lin_solve(sys.lin, 1, col)
+        lin_solve(sys.lin, col)
         for i in range(n):
             r[n + i * npar + j] = col[i]
 

@@ -335,7 +335,24 @@ class Kernels:
         body.assign([(ubar_at(j), e, False) for j, e in enumerate(ubar)]
                     + [(pbar_at(j), e, True) for j, e in enumerate(pbar)])
 
+    def _sparse_vjp(self, v):
+        """ubar, pbar of ``v . F`` for a function without network calls, summed row by row
+        over the symbols each row reads: nnz derivatives, where differentiating the sum
+        by each symbol would cost n x n."""
+        col = {s: ("u", j) for j, s in enumerate(self.u)}
+        col.update({s: ("p", j) for j, s in enumerate(self.p)})
+        terms = {"u": [[] for _ in self.u], "p": [[] for _ in self.p]}
+        for a, f in zip(v, self.F):
+            for sym in sorted(f.free_symbols & col.keys(), key=natural_key):
+                kind, j = col[sym]
+                terms[kind][j].append(a * _diff(f, sym))
+        return ([sympy.Add(*t) for t in terms["u"]], [sympy.Add(*t) for t in terms["p"]])
+
     def _vjp_parts(self, v):
+        if not self.live:
+            ubar, pbar = self._sparse_vjp(v)
+            need_in, fwd, syms = self._forward_needs(ubar + pbar)
+            return {}, [], ubar, pbar, (need_in, fwd, syms, frozenset())
         nodes = [_Node(c, (c.inputs,), (c.outputs,), False) for c in self.live]
         L0 = sum((a * f for a, f in zip(v, self.F)), sympy.S.Zero)
         xb, active, ubar, pbar = self._reverse_exprs(L0, nodes)
@@ -515,8 +532,8 @@ class Kernels:
         npar = self.n_params
         body = _Body()
         if not self.live:
-            body.assign([(At(Jp, i * npar + j), _diff(f, s), False) for i, f in enumerate(self.F)
-                         for j, s in enumerate(self.p)])
+            body.assign([(At(Jp, i * npar + j), e, False) for i, f in enumerate(self.F)
+                         for j, e in enumerate(_row(f, self.p))])
             return body.kernel(name, args, self.base_loads)
         # Row i is the vjp with v = e_i: the nets' parameter columns come from their reverse
         # passes, so one reverse pass per output covers every column. The forward phase

@@ -130,8 +130,9 @@ def _restart(D, z, f, h):
 def bdf_integrate(sys, tab, ctl, stops, z, rec):
     """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with the variable-order NDF/BDF.
 
-    As `erk.erk_integrate` (stops, events, record, status); a step cut short to land on a
-    stop resumes its size after it. ``tab`` (`structs.BDFTableau`)
+    As `erk.erk_integrate` (stops, events, record, status); the steps before a stop are
+    shortened to land on it (the last one, or the last two equally), and the step size
+    they had resumes after it. ``tab`` (`structs.BDFTableau`)
     holds kappa and the order bound. Stored steps hold ``D[0..order]`` (rows ``MAX_ORDER +
     1``) with the order in ``d_have``.
 
@@ -212,9 +213,10 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
             status = NEED_STORAGE
             break
         t_stop = stops[k + 1]
-        # shorten a step that would pass the stop (or leave a sliver before it)
-        if t + 1.01 * h >= t_stop and t + h != t_stop:
-            hn = t_stop - t
+        # Land on the stop: the last step cut to it, or, within two steps of it, two equal
+        # steps (no sliver, so the history is never rescaled by a huge factor afterwards)
+        if t + 2.0 * h > t_stop and t + h != t_stop:
+            hn = t_stop - t if t + 1.01 * h >= t_stop else 0.5 * (t_stop - t)
             rescale(D, order, hn / h, R, U, T)
             h_want = max(h_want, h)
             h = hn

@@ -7,14 +7,15 @@ the type of the buffers they pass (``lin``) picks the implementation:
 
 - ``lin_jac(m, lin, z, t)``: J at ``(z, t)`` from the model's kernel (dense, or
   its values on the sparsity pattern);
-- ``lin_factor(lin, which, ihg, sign)``: factor ``W`` into slot ``which`` (1 or
-  2: a system may hold two factorisations); False if singular;
-- ``lin_solve(lin, which, r)`` and ``lin_solve_t(lin, which, r)``:
-  ``r <- W^-1 r`` and ``r <- W^-T r``.
+- ``lin_factor(lin, ihg, sign)``: factor ``W``; False if singular;
+- ``lin_solve(lin, r)`` and ``lin_solve_t(lin, r)``: ``r <- W^-1 r`` and
+  ``r <- W^-T r``;
+- ``lin_factor2``, ``lin_solve2``: the same with a second factorisation (a
+  system that needs two matrices: backsolve's u block).
 
 `structs.Lin` is the dense LU of `lu` (n x n buffers); `sparse.SparseLU` the
 fixed-pattern sparse LU. Adding a solver (banded, Krylov) means one more type
-and four overloads here.
+and its overloads here.
 """
 
 from numba.extending import overload
@@ -30,21 +31,32 @@ def lin_jac(m, lin, z, t):
     raise NotImplementedError("runs only inside compiled loops")
 
 
-def lin_factor(lin, which, ihg, sign):
+def lin_factor(lin, ihg, sign):
     raise NotImplementedError("runs only inside compiled loops")
 
 
-def lin_solve(lin, which, r):
+def lin_solve(lin, r):
     raise NotImplementedError("runs only inside compiled loops")
 
 
-def lin_solve_t(lin, which, r):
+def lin_solve_t(lin, r):
+    raise NotImplementedError("runs only inside compiled loops")
+
+
+def lin_factor2(lin, ihg, sign):
+    raise NotImplementedError("runs only inside compiled loops")
+
+
+def lin_solve2(lin, r):
     raise NotImplementedError("runs only inside compiled loops")
 
 
 def _kind(lin):
     return getattr(lin, "instance_class", None)
 
+
+# One straight-line implementation per (function, type), inlined into the loops: a branch
+# on the slot inside an inlined overload trips numba's inliner, so each slot has its own.
 
 @overload(lin_jac, jit_options=OPTIONS, inline="always")
 def _ov_jac(m, lin, z, t):
@@ -54,41 +66,43 @@ def _ov_jac(m, lin, z, t):
         return lambda m, lin, z, t: calls.spjac(m, lin.Jx, z, t)
 
 
-@overload(lin_factor, jit_options=OPTIONS)
-def _ov_factor(lin, which, ihg, sign):
-    # not inlined by numba (its inliner mishandles the branch on `which`); LLVM inlines them
+@overload(lin_factor, jit_options=OPTIONS, inline="always")
+def _ov_factor(lin, ihg, sign):
     if _kind(lin) is Lin:
-        def impl(lin, which, ihg, sign):
-            W, piv = (lin.W1, lin.piv1) if which == 1 else (lin.W2, lin.piv2)
-            return factor_shifted_into(W, lin.J, ihg, lin.mass, sign, piv)
-        return impl
+        return lambda lin, ihg, sign: factor_shifted_into(lin.W1, lin.J, ihg, lin.mass, sign,
+                                                          lin.piv1)
     if _kind(lin) is sparse.SparseLU:
-        def impl(lin, which, ihg, sign):
-            return sparse.factor(lin, lin.LU1 if which == 1 else lin.LU2, ihg, sign)
-        return impl
+        return lambda lin, ihg, sign: sparse.factor(lin, lin.LU1, ihg, sign)
 
 
-@overload(lin_solve, jit_options=OPTIONS)
-def _ov_solve(lin, which, r):
+@overload(lin_factor2, jit_options=OPTIONS, inline="always")
+def _ov_factor2(lin, ihg, sign):
     if _kind(lin) is Lin:
-        def impl(lin, which, r):
-            W, piv = (lin.W1, lin.piv1) if which == 1 else (lin.W2, lin.piv2)
-            lu_solve_into(r, W, piv)
-        return impl
+        return lambda lin, ihg, sign: factor_shifted_into(lin.W2, lin.J, ihg, lin.mass, sign,
+                                                          lin.piv2)
     if _kind(lin) is sparse.SparseLU:
-        def impl(lin, which, r):
-            sparse.solve(lin, lin.LU1 if which == 1 else lin.LU2, r)
-        return impl
+        return lambda lin, ihg, sign: sparse.factor(lin, lin.LU2, ihg, sign)
 
 
-@overload(lin_solve_t, jit_options=OPTIONS)
-def _ov_solve_t(lin, which, r):
+@overload(lin_solve, jit_options=OPTIONS, inline="always")
+def _ov_solve(lin, r):
     if _kind(lin) is Lin:
-        def impl(lin, which, r):
-            W, piv = (lin.W1, lin.piv1) if which == 1 else (lin.W2, lin.piv2)
-            lu_solve_transposed_into(r, W, piv)
-        return impl
+        return lambda lin, r: lu_solve_into(r, lin.W1, lin.piv1)
     if _kind(lin) is sparse.SparseLU:
-        def impl(lin, which, r):
-            sparse.solve_transposed(lin, lin.LU1 if which == 1 else lin.LU2, r)
-        return impl
+        return lambda lin, r: sparse.solve(lin, lin.LU1, r)
+
+
+@overload(lin_solve2, jit_options=OPTIONS, inline="always")
+def _ov_solve2(lin, r):
+    if _kind(lin) is Lin:
+        return lambda lin, r: lu_solve_into(r, lin.W2, lin.piv2)
+    if _kind(lin) is sparse.SparseLU:
+        return lambda lin, r: sparse.solve(lin, lin.LU2, r)
+
+
+@overload(lin_solve_t, jit_options=OPTIONS, inline="always")
+def _ov_solve_t(lin, r):
+    if _kind(lin) is Lin:
+        return lambda lin, r: lu_solve_transposed_into(r, lin.W1, lin.piv1)
+    if _kind(lin) is sparse.SparseLU:
+        return lambda lin, r: sparse.solve_transposed(lin, lin.LU1, r)

@@ -209,11 +209,11 @@ def _fwd_jac(sys, z, t, k):
 
 
 def _fwd_factor(sys, ihg):
-    return lin_factor(sys.lin, 1, ihg, -1.0)
+    return lin_factor(sys.lin, ihg, -1.0)
 
 
 def _fwd_solve(sys, r):
-    lin_solve(sys.lin, 1, r)
+    lin_solve(sys.lin, r)
 
 
 def _fwd_autonomous(sys):
