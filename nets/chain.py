@@ -312,24 +312,29 @@ class Chain:
         check_params(p, self.n_params, ws.dtype)
         return ws
 
-    def _batch(self, name, a, shape, dtype, writeable=False):
-        """`a` as (N, *shape), checked: one sample may come without the batch axis."""
+    def _samples(self, name, a, shape, dtype, writeable=False):
+        """The number of samples in `a`, checked: ``(N, *shape)``, or one sample given as
+        `shape` (returned as -1: the fused kernels take it as it is)."""
         if not isinstance(a, np.ndarray):
             raise TypeError(f"`{name}` must be a numpy array, got {type(a).__name__}")
-        if a.shape == shape:
-            a = a.reshape((1, *shape))
-        if a.shape[1:] != shape or a.ndim != len(shape) + 1:
+        s = a.shape
+        if s == shape:
+            n = -1
+        elif len(s) == len(shape) + 1 and s[1:] == shape:
+            n = s[0]
+        else:
             first = f" (the input of layer 0, {self.layers[0]!r})" if name in ("x", "xbar") \
                 else ""
             dims = ", ".join(map(str, shape))
             raise ValueError(f"`{name}` must have shape {shape} or (N, {dims}){first}, "
-                             f"got {a.shape}")
+                             f"got {s}")
         if a.dtype != dtype:
             raise TypeError(f"`{name}` must have dtype {dtype}, got {a.dtype}")
-        if not a.flags.c_contiguous or (writeable and not a.flags.writeable):
+        flags = a.flags
+        if not flags.c_contiguous or (writeable and not flags.writeable):
             raise ValueError(f"`{name}` must be {'a writeable ' if writeable else ''}"
                              f"C-contiguous")
-        return a
+        return n
 
     # --------------------------------------------------------------- kernels
 
@@ -340,20 +345,23 @@ class Chain:
         `state`, `training`, `seed`: see the class.
         """
         ws = self._ws(ws, p)
-        X = self._batch("x", x, self.in_shape, ws.dtype)
-        Y = self._batch("y", y, self.out_shape, ws.dtype, writeable=True)
-        if Y.shape[0] != X.shape[0]:
-            raise ValueError(f"`y` has {Y.shape[0]} samples but `x` has {X.shape[0]}")
+        nx = self._samples("x", x, self.in_shape, ws.dtype)
+        ny = self._samples("y", y, self.out_shape, ws.dtype, writeable=True)
+        if abs(nx) != abs(ny):
+            raise ValueError(f"`y` has {abs(ny)} samples but `x` has {abs(nx)}")
+        if self.fused and nx < 0 and ny < 0:
+            if state is not None:
+                self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
+            self._kernels["forward1"](self.meta, p, x, y, ws.buf1)
+            return
+        X, Y = _as_batch(x, nx, self.in_shape), _as_batch(y, ny, self.out_shape)
         if not self.fused:
             layerwise.forward_batch(self, ws, X, p, self._state(state, ws.dtype), training,
                                     seed, False, Y)
             return
         if state is not None:
-            self._state(state, ws.dtype)  # refused as for any chain; Dense layers keep none
-        if x.ndim == 1 and y.ndim == 1:
-            self._kernels["forward1"](self.meta, p, x, y, ws.buf1)
-        else:
-            self._kernels["forward"](self.meta, p, X, Y, ws.buf)
+            self._state(state, ws.dtype)
+        self._kernels["forward"](self.meta, p, X, Y, ws.buf)
 
     def vjp_into(self, xbar, pbar, v, x, p, ws, *, state=None, training=False, seed=0):
         """Vector-Jacobian product at `x` with cotangent `v` (shaped like the output).
@@ -362,23 +370,25 @@ class Chain:
         (summed over samples) into `pbar` (length n_params).
         """
         ws = self._ws(ws, p)
-        X = self._batch("x", x, self.in_shape, ws.dtype)
-        V = self._batch("v", v, self.out_shape, ws.dtype)
-        Xb = self._batch("xbar", xbar, self.in_shape, ws.dtype, writeable=True)
-        if not (V.shape[0] == Xb.shape[0] == X.shape[0]):
+        nx = self._samples("x", x, self.in_shape, ws.dtype)
+        nv = self._samples("v", v, self.out_shape, ws.dtype)
+        nb = self._samples("xbar", xbar, self.in_shape, ws.dtype, writeable=True)
+        if not abs(nv) == abs(nb) == abs(nx):
             raise ValueError(f"`v`, `xbar` and `x` must have the same number of samples, "
-                             f"got {V.shape[0]}, {Xb.shape[0]}, {X.shape[0]}")
+                             f"got {abs(nv)}, {abs(nb)}, {abs(nx)}")
         check_out("pbar", pbar, (self.n_params,), ws.dtype)
+        if self.fused and state is not None:
+            self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
+        if self.fused and nx < 0 and nv < 0 and nb < 0:
+            self._kernels["vjp1"](self.meta, p, x, v, xbar, pbar, ws.buf1)
+            return
+        X, V = _as_batch(x, nx, self.in_shape), _as_batch(v, nv, self.out_shape)
+        Xb = _as_batch(xbar, nb, self.in_shape)
         if not self.fused:
             layerwise.vjp_batch(self, ws, X, V, Xb, p, pbar, self._state(state, ws.dtype),
                                 training, seed)
             return
-        if state is not None:
-            self._state(state, ws.dtype)  # refused as for any chain; Dense layers keep none
-        if x.ndim == 1 and v.ndim == 1 and xbar.ndim == 1:
-            self._kernels["vjp1"](self.meta, p, x, v, xbar, pbar, ws.buf1)
-        else:
-            self._kernels["vjp"](self.meta, p, X, V, Xb, pbar, ws.buf)
+        self._kernels["vjp"](self.meta, p, X, V, Xb, pbar, ws.buf)
 
     def jacobian_into(self, J, x, p, ws):
         """Write dy/dx into `J`, in evaluation mode: ``(*out_shape, *in_shape)`` for one
@@ -390,14 +400,15 @@ class Chain:
         cotangent.
         """
         ws = self._ws(ws, p)
-        X = self._batch("x", x, self.in_shape, ws.dtype)
-        one = x.shape == self.in_shape
+        n = self._samples("x", x, self.in_shape, ws.dtype)
         shape = (*self.out_shape, *self.in_shape)
-        check_out("J", J, shape if one else (X.shape[0], *shape), ws.dtype)
-        if self.fused and one:
+        check_out("J", J, shape if n < 0 else (n, *shape), ws.dtype)
+        if self.fused and n < 0:
             self._kernels["jacobian1"](self.meta, p, x, J, ws.buf1)
-        elif self.fused and self.n_in <= self._kernels["B"]:
-            self._kernels["jacobian"](self.meta, p, X, J, ws.buf)
+            return
+        X = _as_batch(x, n, self.in_shape)
+        if self.fused and self.n_in <= self._kernels["B"]:
+            self._kernels["jacobian"](self.meta, p, X, _as_batch(J, n, shape), ws.buf)
         else:
             self._jacobian_by_vjps(J, X, p, ws)
 
@@ -420,9 +431,8 @@ class Chain:
         """
         check_params(p, self.n_params)
         x = np.ascontiguousarray(as_float_array("x", x, dtype=p.dtype))
-        X = self._batch("x", x, self.in_shape, p.dtype)
-        y = np.empty(self.out_shape if x.shape == self.in_shape
-                     else (X.shape[0], *self.out_shape), dtype=p.dtype)
+        n = self._samples("x", x, self.in_shape, p.dtype)
+        y = np.empty(self.out_shape if n < 0 else (n, *self.out_shape), dtype=p.dtype)
         cache = self._local.__dict__
         ws = cache.get(p.dtype)
         if ws is None:
@@ -431,6 +441,11 @@ class Chain:
             ws = cache[p.dtype] = self.workspace(1 if self.fused else 256, p.dtype)
         self.forward_into(y, x, p, ws, state=state, training=training, seed=seed)
         return y
+
+
+def _as_batch(a, n, shape):
+    """`a` of `Chain._samples` count `n` as (N, *shape): one sample gets the batch axis."""
+    return a if n >= 0 else a.reshape((1, *shape))
 
 
 def _float_dtype(where, dtype):
