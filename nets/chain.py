@@ -349,9 +349,9 @@ class Chain:
         ny = self._samples("y", y, self.out_shape, ws.dtype, writeable=True)
         if abs(nx) != abs(ny):
             raise ValueError(f"`y` has {abs(ny)} samples but `x` has {abs(nx)}")
+        if self.fused and state is not None:
+            self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
         if self.fused and nx < 0 and ny < 0:
-            if state is not None:
-                self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
             self._kernels["forward1"](self.meta, p, x, y, ws.buf1)
             return
         X, Y = _as_batch(x, nx, self.in_shape), _as_batch(y, ny, self.out_shape)
@@ -359,8 +359,6 @@ class Chain:
             layerwise.forward_batch(self, ws, X, p, self._state(state, ws.dtype), training,
                                     seed, False, Y)
             return
-        if state is not None:
-            self._state(state, ws.dtype)
         self._kernels["forward"](self.meta, p, X, Y, ws.buf)
 
     def vjp_into(self, xbar, pbar, v, x, p, ws, *, state=None, training=False, seed=0):
