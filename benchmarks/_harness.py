@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmark scripts (see BENCHMARKS.md).
+"""Shared helpers for the benchmark scripts (see ../shared/BENCHMARKS.md).
 
 Every benchmark runs our implementation and each installed peer in one
 process, alternating them round by round after a warm-up, prints one table
@@ -34,6 +34,24 @@ NOT_INSTALLED = "not installed"
 
 
 # --------------------------------------------------------------------------- setup
+
+
+def dense_init(sizes: Sequence[int], seed: int) -> np.ndarray:
+    """Float64 parameters drawn as ``nets.Chain.init_params(seed)`` draws them for a chain
+    of Dense layers of these `sizes` (input first), in its flat layout.
+
+    PyTorch's default for Linear: per layer, from one ``default_rng(seed)``, the weight
+    (out, in) row-major and then the bias (out,), each uniform in +-1/sqrt(in). For the
+    peers when ``nets`` cannot give its own, and to check that it gave these.
+    """
+    rng = np.random.default_rng(seed)
+    parts = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
+        bound = 1.0 / np.sqrt(fan_in)
+        parts += [rng.uniform(-bound, bound, size=(fan_out, fan_in)).ravel(),
+                  rng.uniform(-bound, bound, size=fan_out)]
+    return np.concatenate(parts)
+
 
 
 def make_parser(description: str) -> argparse.ArgumentParser:
@@ -282,7 +300,7 @@ def result_row(impl: Impl, unit: str, quality: dict[str, float] | None = None) -
     Returns
     -------
     dict
-        Row in the BENCHMARKS.md JSON format; failed rows carry ``error``.
+        Row in the ../shared/BENCHMARKS.md JSON format; failed rows carry ``error``.
     """
     row: dict[str, Any] = {"impl": impl.name, "unit": unit}
     ok = impl.error is None and bool(impl.times)
@@ -406,7 +424,7 @@ def _fmt_quality(v: Any) -> str:
 
 
 def write_json(path: str, bench: str, machine: dict[str, Any], rows, ours: str = "nets") -> None:
-    """Write the results in the BENCHMARKS.md JSON format.
+    """Write the results in the ../shared/BENCHMARKS.md JSON format.
 
     Parameters
     ----------

@@ -1,4 +1,5 @@
-"""The spiral neural-ODE problem of BENCHMARKS.md item 2, and its reference gradients.
+"""The spiral neural-ODE problem of ../shared/BENCHMARKS.md item 2, and its reference
+gradients.
 
 Truth: du/dt = (u**3) @ A, A = [[-0.1, 2.0], [-2.0, -0.1]], u0 = [2, 0],
 tspan (0, 1.5), 30 save points ``np.linspace(0, 1.5, 30)``. Model:
@@ -35,19 +36,13 @@ def true_trajectory() -> np.ndarray:
     return r.y.T.copy()
 
 
-def glorot_params(seed: int = INIT_SEED) -> np.ndarray:
-    """Initial parameters drawn exactly as ``nets.Chain.init_params(seed)`` draws them.
+def initial_params(seed: int = INIT_SEED) -> np.ndarray:
+    """The parameters ``nets.Chain.init_params(seed)`` draws for this network
+    (`benchmarks._harness.dense_init`), so that the peers start from the same numbers
+    even when ``nets`` cannot be imported."""
+    from benchmarks._harness import dense_init
 
-    Glorot-uniform weights layer by layer from ``default_rng(seed)``, zero
-    biases; used only when ``nets`` cannot be imported, so that the peers run
-    from the same numbers anyway.
-    """
-    rng = np.random.default_rng(seed)
-    parts = []
-    for fan_in, fan_out in zip(SIZES[:-1], SIZES[1:], strict=True):
-        lim = np.sqrt(6.0 / (fan_in + fan_out))
-        parts += [rng.uniform(-lim, lim, size=(fan_out, fan_in)).ravel(), np.zeros(fan_out)]
-    return np.concatenate(parts)
+    return dense_init(SIZES, seed)
 
 
 def unflatten(p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -1,6 +1,6 @@
 """Benchmark 4, ``batch_crossover``: one loss + gradient over B trajectories, threads vs JAX vmap.
 
-The spiral model of BENCHMARKS.md item 2 (f(u) = Dense(50 -> 2)(tanh(Dense(2
+The spiral model of ../shared/BENCHMARKS.md item 2 (f(u) = Dense(50 -> 2)(tanh(Dense(2
 -> 50)(u^3))), float64, 252 parameters ``init_params(seed=0)``, tspan (0,
 1.5), 30 save points) over B = 1, 10, 100, 1,000, 10,000 independent
 trajectories: u0 uniform in [-2, 2]^2 (``default_rng(0)``, the first B of

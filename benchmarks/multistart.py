@@ -2,8 +2,8 @@
 
 The Lotka-Volterra UDE of ``examples/lotka_volterra_ude.py`` (87 weights in
 U, inputs scaled, 31 noisy observations, noise seed 1234), N = 64 starts
-(16 with ``--quick``) drawn by ``fit_multistart(seed=0)`` (fresh Glorot
-weights per start), three ways:
+(16 with ``--quick``) drawn by ``fit_multistart(seed=0)`` (fresh network
+parameters per start), three ways:
 
 - ``serial``: ``client=None, workers=1`` (one thread: the reference cost);
 - ``threads``: ``client=None``, 2 threads (the machine's cores);

@@ -1,6 +1,6 @@
 """Benchmark ``solve``: forward ODE solves, ours vs scipy ``solve_ivp`` vs jitted diffrax.
 
-Problems (BENCHMARKS.md items 2 and 3 setups, forward only):
+Problems (../shared/BENCHMARKS.md items 2 and 3 setups, forward only):
 
 - ``lotka_volterra``: alpha, beta, gamma, delta = 1.3, 0.9, 0.8, 1.8,
   u0 = [0.44249296, 4.6280594], tspan (0, 3), saveat every 0.1;
@@ -64,7 +64,7 @@ def spiral():
 
     model = sciml.Model(f, states=["x", "y"], params=[], nets={"U": chain})
     theta = model.init_params(seed=0)
-    (W1, b1), (W2, b2) = chain.views(theta.copy())
+    (W1, b1), (W2, b2) = ((v.W, v.b) for v in chain.views(theta.copy()))
 
     def jax_rhs(t, u, args):
         import jax.numpy as jnp

@@ -65,12 +65,12 @@ def initial_params() -> tuple[np.ndarray, str]:
             chain = nets.Chain(2, nets.Dense(50, "tanh"), nets.Dense(2))
             p0 = np.asarray(chain.init_params(seed=S.INIT_SEED), dtype=np.float64)
             note = f"nets Chain.init_params(seed={S.INIT_SEED}), copied into every peer"
-            if not np.array_equal(p0, S.glorot_params(S.INIT_SEED)):
-                note += " [WARNING: differs from the Glorot draw the layout check assumes]"
+            if not np.array_equal(p0, S.initial_params(S.INIT_SEED)):
+                note += " [WARNING: differs from the draw the layout check assumes]"
             return p0, note
         except Exception as e:  # nets changing in parallel: the peers still run
             err = H.error_text(e)
-    return S.glorot_params(), f"own Glorot-uniform draw (nets unavailable: {err})"
+    return S.initial_params(), f"own draw of init_params' scheme (nets unavailable: {err})"
 
 
 def our_impls(p0, y_true, target_s):

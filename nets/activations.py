@@ -18,8 +18,8 @@ negative_slope, elu's and celu's alpha, hardtanh's min_val and max_val): the
 kernels get them as data (`activate_row_c`), so every value shares the one
 disk-cached kernel; `nets.registry` names them ``"elu(alpha=2.0)"``.
 
-libm `tanh` is a scalar call that blocks vectorisation (~9 ns each: 50 of
-them were most of a 2-50-2 network's forward pass), so `tanh` is computed
+libm `tanh` is a scalar call that blocks vectorisation (50 of them were most of
+a 2-50-2 network's forward pass), so `tanh` is computed
 inline by branch-free formulas that vectorise: float32 by a rational
 approximation (max error a few ulp in float32); float64 by Cephes' odd
 rational for |x| < 0.625 and ``1 - 2 / (exp(2|x|) + 1)`` beyond, with an

@@ -80,7 +80,7 @@ class Bilinear(Layer):
     def __post_init__(self):
         check_positive_int("Bilinear", "in1", self.in1)
         check_positive_int("Bilinear", "out", self.out)
-        check_activation("Bilinear", self.activation)
+        object.__setattr__(self, "activation", check_activation("Bilinear", self.activation))
 
     def _in2(self, in_shape):
         in_shape = _shape(in_shape)

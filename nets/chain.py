@@ -1,14 +1,17 @@
 """`Chain`: a sequence of layers over one flat parameter vector, with compiled kernels.
 
-A chain of `Dense` layers on vectors runs the fused kernels of `nets.kernels` (one
-compiled call for the whole network: what models call inside ODE right-hand sides).
-Any other chain (convolutions, pooling, `Flatten`, ... on (N, C, *spatial) inputs) runs
-the per-layer path of `nets.layerwise`, each layer one compiled call through the
-protocol of `nets.layers.Layer`.
+Every chain has one behaviour: shapes, parameter layout and views, initialisation,
+state, dtype and argument checks come from its layers (`nets.layers.Layer`), whatever
+runs it. Two engines run the kernels. A chain of `Dense` layers on vectors whose
+activations take no constants runs the fused kernels of `nets.kernels` (one compiled
+call for the whole network: what models call inside ODE right-hand sides). Any other
+chain (convolutions, pooling, `Flatten`, ``"elu(alpha=2.0)"``, ...) runs the per-layer
+path of `nets.layerwise`, each layer one compiled call.
 """
 
 import math
 import threading
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -18,11 +21,51 @@ from ._checks import as_float_array, check_out, check_params
 from .layers import Dense, Layer
 
 
-class LayerParams(NamedTuple):
-    """Views of one layer's weight ``(out, in)`` and bias ``(out,)`` (None without bias)."""
+class LayerParams(Mapping):
+    """One layer's parameters: views into the flat vector (writing them writes it).
 
-    W: np.ndarray
-    b: np.ndarray | None
+    A mapping name -> array in the layer's `param_shapes` order and shapes (PyTorch's
+    ``state_dict`` names: ``"weight"``, ``"bias"``), the same for every chain. ``W``
+    and ``b`` are the weight and the bias, None where the layer has none (a Dense
+    layer without bias, a pooling layer).
+
+    Examples
+    --------
+    >>> chain = Chain(3, Dense(4, "tanh"), Dense(2, bias=False))
+    >>> v = chain.views(chain.init_params(seed=0))
+    >>> v[0].W.shape, v[0].b.shape, v[1].b is None, list(v[1])
+    ((4, 3), (4,), True, ['weight'])
+    """
+
+    __slots__ = ("_arrays",)
+
+    def __init__(self, arrays):
+        self._arrays = dict(arrays)
+
+    def __getitem__(self, name):
+        try:
+            return self._arrays[name]
+        except KeyError:
+            raise KeyError(f"{name!r}: this layer's parameters are "
+                           f"{list(self._arrays) or 'none'}") from None
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self):
+        return len(self._arrays)
+
+    @property
+    def W(self):
+        return self._arrays.get("weight")
+
+    @property
+    def b(self):
+        return self._arrays.get("bias")
+
+    def __repr__(self):
+        inner = ", ".join(f"{k}: {a.dtype}{a.shape}" for k, a in self._arrays.items())
+        return f"LayerParams({inner})"
 
 
 class Workspace:
@@ -44,7 +87,7 @@ class Workspace:
 
 
 class _Step(NamedTuple):
-    """One layer of a per-layer chain: shapes, offsets into p and the state, activation."""
+    """One layer of a chain: shapes, offsets into p and the state, activation."""
 
     layer: Layer
     in_shape: tuple
@@ -56,25 +99,38 @@ class _Step(NamedTuple):
     soff: int
     n_state: int
     act: int  # activation code, -1 for none (or identity)
-    custom: object  # compiled dispatcher of a custom activation, or None
+    custom: object  # compiled dispatcher of a custom activation (per-layer path), or None
     consts: tuple  # (c0, c1) of an activation with non-default constants, else None
 
 
-def _dense_layers(layers, shape):
-    """``(rows, n_params)`` of a chain of Dense layers on vectors, a row ``(n_in, n_out,
-    activation, weight offset, bias offset or -1)`` per layer (the layout `sciml` writes
-    out as straight-line code), else ``(None, None)``."""
-    if len(shape) != 1 or not all(type(l) is Dense for l in layers):
-        return None, None
-    rows, off, n = [], 0, shape[0]
-    for layer in layers:
-        woff = off
-        off += layer.out * n
-        boff = off if layer.bias else -1
-        off += layer.out if layer.bias else 0
-        rows.append((n, layer.out, layer.activation, woff, boff))
-        n = layer.out
-    return tuple(rows), off
+def _plan(layers, shape):
+    """The chain's `_Step` per layer, checked: each layer's shapes from its input's."""
+    plan, poff, soff = [], 0, 0
+    for i, layer in enumerate(layers):
+        try:
+            out = tuple(int(d) for d in layer.out_shape(shape))
+            n_p, n_s = layer.n_params(shape), layer.n_state(shape)
+        except ValueError as e:
+            raise ValueError(f"Chain: layer {i} ({layer!r}) cannot take input shape "
+                             f"{shape}: {e}") from None
+        name = getattr(layer, "activation", None)
+        act, c0, c1 = (-1, 0.0, 0.0) if name in (None, "identity") else registry.resolve(name)
+        plan.append(_Step(layer, shape, out, math.prod(shape), math.prod(out), poff, n_p,
+                          soff, n_s, act, None, None if _plain(name) else (c0, c1)))
+        poff += n_p
+        soff += n_s
+        shape = out
+    return tuple(plan)
+
+
+def _dense_table(plan):
+    """A row ``(n_in, n_out, activation, weight offset, bias offset or -1)`` per layer of
+    a chain of Dense layers on vectors (the layout the fused kernels and `sciml`'s
+    generated code read), else None."""
+    if not all(type(L.layer) is Dense and len(L.in_shape) == 1 for L in plan):
+        return None
+    return tuple((L.in_size, L.out_size, L.layer.activation, L.poff,
+                  L.poff + L.in_size * L.out_size if L.layer.bias else -1) for L in plan)
 
 
 class Chain:
@@ -90,11 +146,29 @@ class Chain:
     `nets.ConvTranspose`, the pooling layers, `nets.Flatten`, and any other
     `nets.layers.Layer`.
 
+    Initialisation (`init_params`) is each layer's own, PyTorch's defaults: Dense
+    and convolution weights and biases uniform in ``+-1/sqrt(fan_in)`` (for weights,
+    PyTorch's ``kaiming_uniform_(a=sqrt(5))``), norms' scale one and shift zero.
+    Views (`views`) are `LayerParams` for every layer of every chain.
+
     Layers with running statistics (BatchNorm) keep them in a separate state vector
     of ``n_state`` entries (``init_state``); calls take ``state=`` (default: the
     chain's own vector for that dtype, ``default_state(dtype)``) and ``training=``
     (training mode: batch statistics, running statistics updated, Dropout on) and
-    ``seed=`` (random masks).
+    ``seed=`` (random masks). Chains without such layers accept and ignore
+    `training` and `seed`.
+
+    Attributes
+    ----------
+    in_shape, out_shape : tuple
+        One sample's input and output shapes; ``n_in``, ``n_out`` their sizes.
+    n_params, n_state : int
+        Lengths of the parameter and state vectors.
+    dense_layers : tuple or None
+        For a chain of Dense layers on vectors, a row ``(n_in, n_out, activation,
+        weight offset, bias offset or -1)`` per layer (what `sciml` models compile).
+    fused : bool
+        Whether the fused Dense kernels run this chain (a speed matter only).
 
     Examples
     --------
@@ -120,108 +194,72 @@ class Chain:
                                 f"Flatten, ...), got {type(layer).__name__}")
         self.layers = tuple(layers)
         self.in_shape = shape
-        self.dense_layers, n_params = _dense_layers(self.layers, shape)
-        # Fused kernels: Dense layers on vectors whose activations take no constants.
-        self.is_dense = self.dense_layers is not None and all(
-            _plain(row[2]) for row in self.dense_layers)
+        plan = _plan(self.layers, shape)
+        last = plan[-1]
+        self.out_shape = last.out_shape
+        self.n_in = math.prod(shape)
+        self.n_out = last.out_size
+        self.n_params = last.poff + last.n_params
+        self.n_state = last.soff + last.n_state
+        self.dense_layers = _dense_table(plan)
+        # The fused kernels take activations by code only: no constants.
+        self.fused = self.dense_layers is not None and all(L.consts is None for L in plan)
         self._local = threading.local()
         self._default_state = {}
-        if not self.is_dense:
-            self._init_layerwise()
-            return
-        input_size = shape[0]
-        self.n_in = input_size
-        self.n_out = layers[-1].out
-        self.out_shape = (self.n_out,)
-        self.n_state = 0
-        self._plan = None
-        self.n_params = n_params
-        self.meta = np.array([(n, m, registry.code(a), w, b)
-                              for n, m, a, w, b in self.dense_layers], dtype=np.int64)
-        self._kernels = registry.kernels_for([layer.activation for layer in layers])
+        if self.fused:
+            self.meta = np.array([(n, m, registry.code(a), w, b)
+                                  for n, m, a, w, b in self.dense_layers], dtype=np.int64)
+            self._kernels = registry.kernels_for([layer.activation for layer in layers])
+        else:
+            self.meta = None
+            self._kernels = None
+            plan = tuple(L._replace(custom=layerwise.custom_activation(L.layer.activation))
+                         if L.act >= 0 else L for L in plan)
+        self._plan = plan
 
-    def _init_layerwise(self):
-        plan, shape, poff, soff = [], self.in_shape, 0, 0
-        for i, layer in enumerate(self.layers):
-            try:
-                out = tuple(int(d) for d in layer.out_shape(shape))
-                n_p, n_s = layer.n_params(shape), layer.n_state(shape)
-            except ValueError as e:
-                raise ValueError(f"Chain: layer {i} ({layer!r}) cannot take input shape "
-                                 f"{shape}: {e}") from None
-            name = getattr(layer, "activation", None)
-            act, c0, c1 = (-1, 0.0, 0.0) if name in (None, "identity") else \
-                registry.resolve(name)
-            custom = layerwise.custom_activation(name) if act >= 0 else None
-            plan.append(_Step(layer, shape, out, math.prod(shape), math.prod(out), poff, n_p,
-                              soff, n_s, act, custom, None if _plain(name) else (c0, c1)))
-            poff += n_p
-            soff += n_s
-            shape = out
-        self._plan = tuple(plan)
-        self.out_shape = shape
-        self.n_in = math.prod(self.in_shape)
-        self.n_out = math.prod(shape)
-        self.n_params = poff
-        self.n_state = soff
-        self.meta = None
-        self._kernels = None
+    def _input_arg(self):
+        return self.in_shape[0] if len(self.in_shape) == 1 else self.in_shape
 
     def __reduce__(self):
         # Rebuilt from its layers: the kernels it holds are numba dispatchers.
-        return (Chain, (self.in_shape if not self.is_dense else self.n_in, *self.layers))
+        return (Chain, (self._input_arg(), *self.layers))
 
     def __repr__(self):
-        if not self.is_dense:
-            return f"Chain({self.in_shape}, {', '.join(repr(l) for l in self.layers)})"
-        inner = ", ".join(
-            f"Dense({l.out}" + (f", {l.activation!r}" if l.activation != "identity" else "")
-            + ("" if l.bias else ", bias=False") + ")" for l in self.layers)
-        return f"Chain({self.n_in}, {inner})"
+        return f"Chain({self._input_arg()!r}, {', '.join(repr(l) for l in self.layers)})"
 
     def shapes(self):
         """Per layer ``(input shape, output shape)`` of one sample."""
-        if self.is_dense:
-            return [((int(r[0]),), (int(r[1]),)) for r in self.meta]
         return [(L.in_shape, L.out_shape) for L in self._plan]
 
     # ------------------------------------------------------------ parameters
 
     def init_params(self, seed=0, dtype=np.float64):
-        """Initial parameters as one flat vector.
+        """Initial parameters as one flat vector, `dtype` float32 or float64.
 
-        A chain of Dense layers on vectors: Glorot-uniform weights and zero biases.
-        Any other chain: each layer's own scheme (`Layer.init_params`: PyTorch's
-        defaults), drawn layer after layer from one generator seeded with `seed`.
+        Each layer's own scheme (`Layer.init_params`), drawn layer after layer from
+        ``np.random.default_rng(seed)`` in float64 and stored in `dtype`: PyTorch's
+        defaults, so Dense (and convolution) weights and biases are uniform in
+        ``+-1/sqrt(fan_in)`` (standard deviation ``1/sqrt(3 fan_in)``; the weights'
+        is PyTorch's ``kaiming_uniform_(a=sqrt(5))``), the same whichever kernels
+        run the chain.
         """
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"init_params: `dtype` must be float32 or float64, got {dtype}")
+        dtype = _float_dtype("init_params", dtype)
         rng = np.random.default_rng(seed)
         p = np.zeros(self.n_params, dtype=dtype)
-        if not self.is_dense:
-            for L, arrays in zip(self._plan, self.views(p)):
-                L.layer.init_params(L.in_shape, arrays, rng)
-            return p
-        for v in self.views(p):
-            fan_out, fan_in = v.W.shape
-            lim = np.sqrt(6.0 / (fan_in + fan_out))
-            v.W[...] = rng.uniform(-lim, lim, size=v.W.shape)
+        for L, arrays in zip(self._plan, self.views(p)):
+            L.layer.init_params(L.in_shape, arrays, rng)
         return p
 
     def init_state(self, dtype=np.float64):
         """A fresh state vector (running statistics at their initial values; length
         ``n_state``, possibly 0)."""
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"init_state: `dtype` must be float32 or float64, got {dtype}")
+        dtype = _float_dtype("init_state", dtype)
         s = np.zeros(self.n_state, dtype=dtype)
-        if not self.is_dense:
-            for L in self._plan:
-                shapes = L.layer.state_shapes(L.in_shape)
-                if shapes:
-                    L.layer.init_state(L.in_shape, Layer.unpack(
-                        shapes, s[L.soff:L.soff + L.n_state]))
+        for L in self._plan:
+            shapes = L.layer.state_shapes(L.in_shape)
+            if shapes:
+                L.layer.init_state(L.in_shape, Layer.unpack(shapes,
+                                                             s[L.soff:L.soff + L.n_state]))
         return s
 
     def default_state(self, dtype):
@@ -243,168 +281,137 @@ class Chain:
         return state
 
     def views(self, p):
-        """Per-layer views into `p` (writing them writes `p`).
-
-        Dense chains: `LayerParams` ``(W, b)``. Other chains: per layer a dict
-        name -> array shaped as the layer's `param_shapes` (empty for layers
-        without parameters).
-        """
+        """Per layer a `LayerParams` of views into `p` (writing them writes `p`): arrays
+        by name in the layer's `param_shapes` order, ``.W`` / ``.b`` for weight and bias
+        (empty for a layer without parameters)."""
         check_params(p, self.n_params)
-        if not self.is_dense:
-            return [Layer.unpack(L.layer.param_shapes(L.in_shape),
-                                 p[L.poff:L.poff + L.n_params]) for L in self._plan]
-        out = []
-        for (nin, nout, _, woff, boff) in self.meta:
-            W = p[woff:woff + nin * nout].reshape(nout, nin)
-            out.append(LayerParams(W, p[boff:boff + nout] if boff >= 0 else None))
-        return out
+        return [LayerParams(Layer.unpack(L.layer.param_shapes(L.in_shape),
+                                         p[L.poff:L.poff + L.n_params])) for L in self._plan]
 
     # ------------------------------------------------------------ workspaces
 
     def workspace(self, batch=1, dtype=np.float64):
         """Scratch memory for the `*_into` kernels (one per thread).
 
-        Dense chains stream any number of samples through it (`batch` is a hint);
-        other chains run calls with more than `batch` samples in chunks of `batch`,
-        so size it to the batches you call with.
+        Calls with more samples than `batch` run in chunks, so any batch fits; the
+        fused Dense kernels stream samples through a fixed scratch (`batch` is a
+        hint), the per-layer path sizes its buffers for `batch` samples, so size it to
+        the batches you call with.
         """
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"workspace: `batch` must be a positive int, got {batch!r}")
-        dtype = np.dtype(dtype)
-        if dtype not in (np.float32, np.float64):
-            raise TypeError(f"workspace: `dtype` must be float32 or float64, got {dtype}")
-        if not self.is_dense:
-            return layerwise.LayerWorkspace(self, batch, dtype)
-        return Workspace(self, batch, dtype)
+        dtype = _float_dtype("workspace", dtype)
+        if self.fused:
+            return Workspace(self, batch, dtype)
+        return layerwise.LayerWorkspace(self, batch, dtype)
 
     def _ws(self, ws, p):
-        kind = Workspace if self.is_dense else layerwise.LayerWorkspace
+        kind = Workspace if self.fused else layerwise.LayerWorkspace
         if not isinstance(ws, kind) or ws.chain is not self:
             raise TypeError("`ws` must be a workspace made by this chain's .workspace()")
         check_params(p, self.n_params, ws.dtype)
         return ws
 
-    @staticmethod
-    def _rows(name, a, n, dtype):
-        """A (N, n) C-contiguous view of `a` (1-D means one sample), checked."""
+    def _samples(self, name, a, shape, dtype, writeable=False):
+        """The number of samples in `a`, checked: ``(N, *shape)``, or one sample given as
+        `shape` (returned as -1: the fused kernels take it as it is)."""
         if not isinstance(a, np.ndarray):
             raise TypeError(f"`{name}` must be a numpy array, got {type(a).__name__}")
-        if a.ndim == 1 and a.shape[0] == n:
-            a = a.reshape(1, n)
-        if a.ndim != 2 or a.shape[1] != n:
-            raise ValueError(f"`{name}` must have shape ({n},) or (N, {n}), got {a.shape}")
-        if a.dtype != dtype:
-            raise TypeError(f"`{name}` must have dtype {dtype}, got {a.dtype}")
-        if not a.flags.c_contiguous:
-            raise ValueError(f"`{name}` must be C-contiguous")
-        return a
-
-    def _batch(self, name, a, shape, dtype, writeable=False):
-        """`a` as (N, *shape), checked: one sample may come without the batch axis."""
-        if not isinstance(a, np.ndarray):
-            raise TypeError(f"`{name}` must be a numpy array, got {type(a).__name__}")
-        if a.shape == shape:
-            a = a.reshape((1, *shape))
-        if a.shape[1:] != shape or a.ndim != len(shape) + 1:
+        s = a.shape
+        if s == shape:
+            n = -1
+        elif len(s) == len(shape) + 1 and s[1:] == shape:
+            n = s[0]
+        else:
             first = f" (the input of layer 0, {self.layers[0]!r})" if name in ("x", "xbar") \
                 else ""
             dims = ", ".join(map(str, shape))
             raise ValueError(f"`{name}` must have shape {shape} or (N, {dims}){first}, "
-                             f"got {a.shape}")
+                             f"got {s}")
         if a.dtype != dtype:
             raise TypeError(f"`{name}` must have dtype {dtype}, got {a.dtype}")
-        if not a.flags.c_contiguous or (writeable and not a.flags.writeable):
+        flags = a.flags
+        if not flags.c_contiguous or (writeable and not flags.writeable):
             raise ValueError(f"`{name}` must be {'a writeable ' if writeable else ''}"
                              f"C-contiguous")
-        return a
+        return n
 
     # --------------------------------------------------------------- kernels
 
     def forward_into(self, y, x, p, ws, *, state=None, training=False, seed=0):
-        """Write ``chain(x)`` into `y`. x: (in,) or (N, in); y: (out,) or (N, out).
+        """Write ``chain(x)`` into `y`: x one sample ``in_shape`` or a batch ``(N,
+        *in_shape)`` (a vector: (in,) or (N, in)), y likewise with ``out_shape``.
 
-        Other than Dense chains: x (N, *in_shape) or one sample `in_shape`, y likewise
-        with `out_shape`. `state`, `training`, `seed`: see the class (ignored by Dense
-        chains, which have none of them).
+        `state`, `training`, `seed`: see the class.
         """
         ws = self._ws(ws, p)
-        if not self.is_dense:
-            X = self._batch("x", x, self.in_shape, ws.dtype)
-            Y = self._batch("y", y, self.out_shape, ws.dtype, writeable=True)
-            if Y.shape[0] != X.shape[0]:
-                raise ValueError(f"`y` has {Y.shape[0]} samples but `x` has {X.shape[0]}")
+        nx = self._samples("x", x, self.in_shape, ws.dtype)
+        ny = self._samples("y", y, self.out_shape, ws.dtype, writeable=True)
+        if abs(nx) != abs(ny):
+            raise ValueError(f"`y` has {abs(ny)} samples but `x` has {abs(nx)}")
+        if self.fused and state is not None:
+            self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
+        if self.fused and nx < 0 and ny < 0:
+            self._kernels["forward1"](self.meta, p, x, y, ws.buf1)
+            return
+        X, Y = _as_batch(x, nx, self.in_shape), _as_batch(y, ny, self.out_shape)
+        if not self.fused:
             layerwise.forward_batch(self, ws, X, p, self._state(state, ws.dtype), training,
                                     seed, False, Y)
             return
-        X = self._rows("x", x, self.n_in, ws.dtype)
-        Y = self._rows("y", y, self.n_out, ws.dtype)
-        if Y.shape[0] != X.shape[0]:
-            raise ValueError(f"`y` has {Y.shape[0]} rows but `x` has {X.shape[0]}")
-        if x.ndim == 1 and y.ndim == 1:
-            self._kernels["forward1"](self.meta, p, x, y, ws.buf1)
-        else:
-            self._kernels["forward"](self.meta, p, X, Y, ws.buf)
+        self._kernels["forward"](self.meta, p, X, Y, ws.buf)
 
     def vjp_into(self, xbar, pbar, v, x, p, ws, *, state=None, training=False, seed=0):
         """Vector-Jacobian product at `x` with cotangent `v` (shaped like the output).
 
         Writes ``xbar = v^T dy/dx`` (shaped like `x`) and ADDS ``v^T dy/dp``
-        (summed over rows) into `pbar` (length n_params).
+        (summed over samples) into `pbar` (length n_params).
         """
         ws = self._ws(ws, p)
-        if not self.is_dense:
-            X = self._batch("x", x, self.in_shape, ws.dtype)
-            V = self._batch("v", v, self.out_shape, ws.dtype)
-            Xb = self._batch("xbar", xbar, self.in_shape, ws.dtype, writeable=True)
-            if not (V.shape[0] == Xb.shape[0] == X.shape[0]):
-                raise ValueError(f"`v`, `xbar` and `x` must have the same number of samples, "
-                                 f"got {V.shape[0]}, {Xb.shape[0]}, {X.shape[0]}")
-            check_out("pbar", pbar, (self.n_params,), ws.dtype)
+        nx = self._samples("x", x, self.in_shape, ws.dtype)
+        nv = self._samples("v", v, self.out_shape, ws.dtype)
+        nb = self._samples("xbar", xbar, self.in_shape, ws.dtype, writeable=True)
+        if not abs(nv) == abs(nb) == abs(nx):
+            raise ValueError(f"`v`, `xbar` and `x` must have the same number of samples, "
+                             f"got {abs(nv)}, {abs(nb)}, {abs(nx)}")
+        check_out("pbar", pbar, (self.n_params,), ws.dtype)
+        if self.fused and state is not None:
+            self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
+        if self.fused and nx < 0 and nv < 0 and nb < 0:
+            self._kernels["vjp1"](self.meta, p, x, v, xbar, pbar, ws.buf1)
+            return
+        X, V = _as_batch(x, nx, self.in_shape), _as_batch(v, nv, self.out_shape)
+        Xb = _as_batch(xbar, nb, self.in_shape)
+        if not self.fused:
             layerwise.vjp_batch(self, ws, X, V, Xb, p, pbar, self._state(state, ws.dtype),
                                 training, seed)
             return
-        X = self._rows("x", x, self.n_in, ws.dtype)
-        V = self._rows("v", v, self.n_out, ws.dtype)
-        Xb = self._rows("xbar", xbar, self.n_in, ws.dtype)
-        if not (V.shape[0] == Xb.shape[0] == X.shape[0]):
-            raise ValueError(f"`v`, `xbar` and `x` must have the same number of rows, "
-                             f"got {V.shape[0]}, {Xb.shape[0]}, {X.shape[0]}")
-        check_out("pbar", pbar, (self.n_params,), ws.dtype)
-        if x.ndim == 1 and v.ndim == 1 and xbar.ndim == 1:
-            self._kernels["vjp1"](self.meta, p, x, v, xbar, pbar, ws.buf1)
-        else:
-            self._kernels["vjp"](self.meta, p, X, V, Xb, pbar, ws.buf)
+        self._kernels["vjp"](self.meta, p, X, V, Xb, pbar, ws.buf)
 
     def jacobian_into(self, J, x, p, ws):
-        """Write dy/dx into `J`: (out, in) for one sample, (N, out, in) for a batch.
+        """Write dy/dx into `J`, in evaluation mode: ``(*out_shape, *in_shape)`` for one
+        sample, ``(N, *out_shape, *in_shape)`` for a batch (a vector chain: (out, in) or
+        (N, out, in)).
 
-        Other chains: ``(*out_shape, *in_shape)`` for one sample, ``(N, *out_shape,
-        *in_shape)`` for a batch, in evaluation mode; one `vjp_into` per output with a
-        unit cotangent (a Dense chain's fused kernel builds it in one pass)."""
-        if not self.is_dense:
-            self._jacobian_by_vjps(J, x, p, ws)
-            return
+        The fused Dense kernels build it in one pass (a batch: for up to
+        `nets.kernels.B` inputs); otherwise one `vjp_into` per output with a unit
+        cotangent.
+        """
         ws = self._ws(ws, p)
-        X = self._rows("x", x, self.n_in, ws.dtype)
-        shape = (self.n_out, self.n_in) if x.ndim == 1 else (X.shape[0], self.n_out, self.n_in)
-        check_out("J", J, shape, ws.dtype)
-        if x.ndim == 1:
+        n = self._samples("x", x, self.in_shape, ws.dtype)
+        shape = (*self.out_shape, *self.in_shape)
+        check_out("J", J, shape if n < 0 else (n, *shape), ws.dtype)
+        if self.fused and n < 0:
             self._kernels["jacobian1"](self.meta, p, x, J, ws.buf1)
             return
-        if self.n_in > self._kernels["B"]:
-            raise ValueError(f"jacobian_into supports at most {self._kernels['B']} inputs, "
-                             f"the chain has {self.n_in}")
-        self._kernels["jacobian"](self.meta, p, X, J.reshape(X.shape[0], self.n_out, self.n_in),
-                                  ws.buf)
+        X = _as_batch(x, n, self.in_shape)
+        if self.fused and self.n_in <= self._kernels["B"]:
+            self._kernels["jacobian"](self.meta, p, X, _as_batch(J, n, shape), ws.buf)
+        else:
+            self._jacobian_by_vjps(J, X, p, ws)
 
-    def _jacobian_by_vjps(self, J, x, p, ws):
-        ws = self._ws(ws, p)
-        x = np.asarray(x)
-        one = x.shape == self.in_shape
-        X = self._batch("x", x, self.in_shape, ws.dtype)
-        N, n_in, n_out = X.shape[0], math.prod(self.in_shape), math.prod(self.out_shape)
-        shape = (*self.out_shape, *self.in_shape)
-        check_out("J", J, shape if one else (N, *shape), ws.dtype)
+    def _jacobian_by_vjps(self, J, X, p, ws):
+        N, n_in, n_out = X.shape[0], self.n_in, self.n_out
         Jr = J.reshape(N, n_out, n_in)
         V = np.zeros((N, n_out), ws.dtype)
         Xb = np.empty((N, *self.in_shape), ws.dtype)
@@ -416,32 +423,34 @@ class Chain:
             V[:, k] = 0.0
 
     def __call__(self, x, p, *, state=None, training=False, seed=0):
-        """Evaluate the chain: x (in,) -> (out,), X (N, in) -> (N, out). Allocates the result.
-
-        Other chains: x of shape `in_shape` or (N, *in_shape) -> `out_shape` or
-        (N, *out_shape); `state`, `training`, `seed` as in the class text.
+        """Evaluate the chain: x one sample ``in_shape`` -> ``out_shape``, a batch ``(N,
+        *in_shape)`` -> ``(N, *out_shape)``; x is cast to the dtype of `p`. Allocates
+        the result. `state`, `training`, `seed` as in the class text.
         """
         check_params(p, self.n_params)
-        if not self.is_dense:
-            x = np.ascontiguousarray(as_float_array("x", x, dtype=p.dtype))
-            one = x.shape == self.in_shape
-            X = self._batch("x", x, self.in_shape, p.dtype)
-            Y = np.empty((X.shape[0], *self.out_shape), dtype=p.dtype)
-            cache = self._local.__dict__
-            ws = cache.get(p.dtype)
-            if ws is None:
-                ws = cache[p.dtype] = self.workspace(256, p.dtype)
-            self.forward_into(Y, X, p, ws, state=state, training=training, seed=seed)
-            return Y[0] if one else Y
-        x = as_float_array("x", x, dtype=p.dtype, ndim=(1, 2))
-        x = np.ascontiguousarray(x)
-        y = np.empty(x.shape[:-1] + (self.n_out,), dtype=p.dtype)
+        x = np.ascontiguousarray(as_float_array("x", x, dtype=p.dtype))
+        n = self._samples("x", x, self.in_shape, p.dtype)
+        y = np.empty(self.out_shape if n < 0 else (n, *self.out_shape), dtype=p.dtype)
         cache = self._local.__dict__
         ws = cache.get(p.dtype)
         if ws is None:
-            ws = cache[p.dtype] = self.workspace(1, p.dtype)
-        self.forward_into(y, x, p, ws)
+            # The fused kernels stream any batch through a small scratch; the per-layer
+            # path's buffers hold a batch, so give it room for common ones.
+            ws = cache[p.dtype] = self.workspace(1 if self.fused else 256, p.dtype)
+        self.forward_into(y, x, p, ws, state=state, training=training, seed=seed)
         return y
+
+
+def _as_batch(a, n, shape):
+    """`a` of `Chain._samples` count `n` as (N, *shape): one sample gets the batch axis."""
+    return a if n >= 0 else a.reshape((1, *shape))
+
+
+def _float_dtype(where, dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"{where}: `dtype` must be float32 or float64, got {dtype}")
+    return dtype
 
 
 def _plain(name):

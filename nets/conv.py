@@ -109,7 +109,7 @@ class _ConvBase(Layer):
         if self.out % self.groups:
             raise ValueError(f"{name}: `out` ({self.out}) must be divisible by `groups` "
                              f"({self.groups})")
-        check_activation(name, self.activation)
+        object.__setattr__(self, "activation", check_activation(name, self.activation))
 
     def _same_padding(self):
         total = [d * (k - 1) for k, d in zip(self.kernel, self.dilation)]

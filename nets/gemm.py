@@ -164,8 +164,7 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
 def gemm_nt_rows(C, A, src, offs, base, step):
     """C[m, k] += sum_j A[m, j] * src[base + offs[k] * step + j] (the weight gradient of
     `gemm_nn_rows`). Blocks of 2 rows x 4 taps: eight sums and six rows in flight fit the
-    16 vector registers of AVX2 (4 x 4 spilled: 8.8 -> 5.8 us an image for LeNet's second
-    convolution on Zen 3)."""
+    16 vector registers of AVX2 (4 x 4 blocks spilled registers and ran slower)."""
     M, J = _shape(A)
     K = C.shape[1]
     zero = C.dtype.type(0.0)

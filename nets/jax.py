@@ -74,8 +74,9 @@ def _check_p(chain, p, fname):
 
 
 def params_to_pytree(chain, p):
-    """Per-layer ``(W, b)`` pairs sliced from the flat vector `p` (Dense chains); for other
-    chains, per layer a dict name -> array shaped as its `param_shapes`.
+    """Per layer a dict name -> array sliced from the flat vector `p`: the names and shapes
+    of `nets.Chain.views` (a Dense layer ``{"weight": (out, in), "bias": (out,)}``, no
+    ``"bias"`` without bias; a layer without parameters ``{}``), for every chain.
 
     Parameters
     ----------
@@ -85,24 +86,15 @@ def params_to_pytree(chain, p):
 
     Returns
     -------
-    list of tuple
-        One ``(W, b)`` per layer: ``W`` of shape ``(out, in)``, ``b`` of
-        shape ``(out,)`` or None for a layer without bias. JAX arrays in the
-        dtype of `p`.
+    list of dict
+        JAX arrays in the dtype of `p`, one dict per layer.
     """
     _check_chain(chain, "params_to_pytree")
     _check_p(chain, p, "params_to_pytree")
     _, jnp = _jax()
     p = jnp.asarray(p)
-    if not chain.is_dense:
-        return [Layer.unpack(L.layer.param_shapes(L.in_shape), p[L.poff:L.poff + L.n_params])
-                for L in chain._plan]
-    out = []
-    for nin, nout, _, woff, boff in chain.meta.tolist():
-        W = p[woff:woff + nin * nout].reshape(nout, nin)
-        b = p[boff:boff + nout] if boff >= 0 else None
-        out.append((W, b))
-    return out
+    return [Layer.unpack(L.layer.param_shapes(L.in_shape), p[L.poff:L.poff + L.n_params])
+            for L in chain._plan]
 
 
 def pytree_to_params(chain, tree):
@@ -111,8 +103,8 @@ def pytree_to_params(chain, tree):
     Parameters
     ----------
     chain : nets.Chain
-    tree : list of (W, b)
-        As returned by `params_to_pytree` (``b`` None where the layer has no bias).
+    tree : list of dict
+        As returned by `params_to_pytree`: per layer exactly its arrays by name.
 
     Returns
     -------
@@ -120,38 +112,28 @@ def pytree_to_params(chain, tree):
     """
     _check_chain(chain, "pytree_to_params")
     _, jnp = _jax()
-    if not chain.is_dense:
-        if len(tree) != len(chain.layers):
-            raise ValueError(f"nets.jax.pytree_to_params: `tree` has {len(tree)} layers, "
-                             f"the chain has {len(chain.layers)}")
-        parts = []
-        for l, (arrays, L) in enumerate(zip(tree, chain._plan)):
-            for name, shape in L.layer.param_shapes(L.in_shape):
-                a = arrays.get(name) if isinstance(arrays, dict) else None
-                if a is None or tuple(a.shape) != tuple(shape):
-                    raise ValueError(f"nets.jax.pytree_to_params: layer {l} needs {name!r} of "
-                                     f"shape {tuple(shape)}, got "
-                                     f"{None if a is None else tuple(a.shape)}")
-                parts.append(jnp.ravel(a))
-        return jnp.concatenate(parts) if parts else jnp.zeros(0)
     if len(tree) != len(chain.layers):
         raise ValueError(f"nets.jax.pytree_to_params: `tree` has {len(tree)} layers, "
                          f"the chain has {len(chain.layers)}")
     parts = []
-    for l, ((W, b), (nin, nout, _, _, boff)) in enumerate(zip(tree, chain.meta.tolist())):
-        if tuple(W.shape) != (nout, nin):
-            raise ValueError(f"nets.jax.pytree_to_params: layer {l} weight must have shape "
-                             f"{(nout, nin)}, got {tuple(W.shape)}")
-        parts.append(jnp.ravel(W))
-        if (boff >= 0) != (b is not None):
-            raise ValueError(f"nets.jax.pytree_to_params: layer {l} "
-                             + ("needs a bias" if boff >= 0 else "has no bias, got one"))
-        if b is not None:
-            if tuple(b.shape) != (nout,):
-                raise ValueError(f"nets.jax.pytree_to_params: layer {l} bias must have "
-                                 f"shape ({nout},), got {tuple(b.shape)}")
-            parts.append(b)
-    return jnp.concatenate(parts)
+    for l, (arrays, L) in enumerate(zip(tree, chain._plan)):
+        shapes = L.layer.param_shapes(L.in_shape)
+        if not isinstance(arrays, dict):
+            raise TypeError(f"nets.jax.pytree_to_params: layer {l} must be a dict name -> "
+                            f"array, got {type(arrays).__name__}")
+        extra = set(arrays) - {name for name, _ in shapes}
+        if extra:
+            raise ValueError(f"nets.jax.pytree_to_params: layer {l} has no array "
+                             f"{', '.join(map(repr, sorted(extra)))}; its arrays are "
+                             f"{[name for name, _ in shapes]}")
+        for name, shape in shapes:
+            a = arrays.get(name)
+            if a is None or tuple(a.shape) != tuple(shape):
+                raise ValueError(f"nets.jax.pytree_to_params: layer {l} needs {name!r} of "
+                                 f"shape {tuple(shape)}, got "
+                                 f"{None if a is None else tuple(a.shape)}")
+            parts.append(jnp.ravel(a))
+    return jnp.concatenate(parts) if parts else jnp.zeros(0)
 
 
 def _resolve(chain, activations):
@@ -161,8 +143,7 @@ def _resolve(chain, activations):
     fns = []
     for l, layer in enumerate(chain.layers):
         name = getattr(layer, "activation", None)
-        if name is None or (name == "identity" and not chain.is_dense
-                            and name not in extra):
+        if name is None or (name == "identity" and name not in extra):
             fns.append(None)
         elif name in extra:
             fns.append(extra[name])
@@ -187,9 +168,9 @@ def apply(chain, p, x, *, activations=None, state=None, training=False, seed=0):
         `nets.register_activation`) raises unless given in `activations`.
     p : array, (n_params,)
         Flat parameters, numpy or JAX (float32 or float64).
-    x : array, (n_in,) or (N, n_in)
-        One sample or a batch (batch first). Cast to the dtype of `p`, like
-        ``chain(x, p)`` does. Other chains: ``chain.in_shape`` or (N, *in_shape).
+    x : array, ``chain.in_shape`` or (N, *in_shape)
+        One sample or a batch (batch first; a chain on vectors: (n_in,) or (N, n_in)).
+        Cast to the dtype of `p`, like ``chain(x, p)`` does.
     activations : dict, optional
         ``{name: fn}``, JAX functions for custom activations (elementwise,
         applied to the pre-activation); also overrides builtin names.
@@ -201,8 +182,7 @@ def apply(chain, p, x, *, activations=None, state=None, training=False, seed=0):
     Returns
     -------
     jax.Array
-        ``(n_out,)`` or ``(N, n_out)``, dtype of `p` (other chains: ``out_shape`` or
-        ``(N, *out_shape)``).
+        ``out_shape`` or ``(N, *out_shape)``, dtype of `p`.
 
     Raises
     ------
@@ -220,30 +200,12 @@ def apply(chain, p, x, *, activations=None, state=None, training=False, seed=0):
     fns = _resolve(chain, activations)
     layers = params_to_pytree(chain, p)
     _, jnp = _jax()
-    if not chain.is_dense:
-        return _apply_layers(chain, layers, fns, p, x, state, training, seed)
-    dtype = layers[0][0].dtype
-    h = jnp.asarray(x, dtype=dtype)
-    if h.ndim not in (1, 2) or h.shape[-1] != chain.n_in:
-        raise ValueError(f"nets.jax.apply: `x` must have shape ({chain.n_in},) or "
-                         f"(N, {chain.n_in}), got {tuple(np.shape(x))}")
-    for (W, b), act in zip(layers, fns):
-        z = h @ W.T
-        if b is not None:
-            z = z + b
-        h = act(z)
-    return h
-
-
-def _apply_layers(chain, layers, fns, p, x, state, training, seed):
-    """`apply` for chains on the per-layer path: each layer's own `jax_apply`."""
-    _, jnp = _jax()
     dtype = jnp.asarray(p).dtype
     h = jnp.asarray(x, dtype=dtype)
     one = tuple(h.shape) == chain.in_shape
     if one:
         h = h[None]
-    if tuple(h.shape[1:]) != chain.in_shape:
+    if tuple(h.shape[1:]) != chain.in_shape or h.ndim != len(chain.in_shape) + 1:
         raise ValueError(f"nets.jax.apply: `x` must have shape {chain.in_shape} or "
                          f"(N, {', '.join(map(str, chain.in_shape))}), got "
                          f"{tuple(np.shape(x))}")

@@ -14,10 +14,8 @@ layers) runs feature-major, samples innermost (`nets.conv.conv_forward_fm`,
 `nets.pool.pool_fm`): the layout the direct products compute in, so that no layer
 converts from or to rows; the first layer after the run reads its input as rows from
 the bridge. A relu before a max pooling in the run becomes the pooling's clamp at zero
-(`Program._relu_into_pool`). Training LeNet5 in float32 on this project's AMD VM, 32
-images a lane, one thread, against the same step on rows (medians of 8 alternating
-runs; both with the paired windows of `nets.gemm.gemm_tn_rows`): 56.7 -> 42.6 us an
-image, and 44.7 -> 35.9 with the relu moved after the pooling in both.
+(`Program._relu_into_pool`). Both make LeNet5's float32 training step faster than the
+same step on rows (`python -m benchmarks.lenet5` times it).
 
 The layer table's columns are `KIND` .. `CLAMP`; the buffers are the lane's own
 (`nets.layerwise.Lane`) but for the run's scratch and the bridge, so both paths see the
@@ -348,8 +346,8 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
 @jit
 def gather_fm(src, rows, lo, hi, dst):
     """dst[f * n + i] = src[rows[lo + i], f], n = hi - lo: `gather` feature-major. Eight
-    rows at a time, each feature's eight values stored side by side (one vector): 1.9 ->
-    0.35 us an image of MNIST on this project's AMD VM, against a loop over samples."""
+    rows at a time, each feature's eight values stored side by side (one vector), several
+    times faster than a loop over samples."""
     n = hi - lo
     n8 = n - n % 8
     for i in range(0, n8, 8):
@@ -370,7 +368,7 @@ def gather_fm(src, rows, lo, hi, dst):
 @jit
 def transpose(src, r, c, dst):
     """dst (c, r) = src (r, c), both flat: rows of dst written in turn (strided reads
-    cost less than strided writes: 0.47 -> 0.13 us an image for LeNet's bridge)."""
+    cost less than strided writes)."""
     for i in range(c):
         d = dst[i * r:(i + 1) * r]
         for j in range(r):
@@ -385,8 +383,8 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
     call. ``loss = (code, mean, l1, l2)``, ``optimizer = (code, hyper, m, v)`` as
     `nets.kernels.optimizer_step` takes them. Returns (the epoch's loss, the step count).
 
-    Between steps numba's pool threads wait spinning: handing a step to a Python
-    thread pool and collecting it cost LeNet5 ~0.4 ms a step on this project's AMD VM."""
+    Between steps numba's pool threads wait spinning: handing each step to a Python
+    thread pool and collecting it cost LeNet5 a large share of a step."""
     code, mean, l1, l2 = loss
     opt, hyper, m, v = optimizer
     table = net[0]

@@ -81,7 +81,12 @@ class Kernels(NamedTuple):
 
 
 class Layer:
-    """The layer protocol: what `Chain` calls on each layer of a chain that is not all Dense.
+    """The layer protocol: what `Chain` calls on each layer.
+
+    Every chain takes its shapes, parameter layout, initialisation and state from here.
+    A chain of Dense layers on vectors whose activations take no constants then runs
+    fused kernels (`nets.kernels`) for its forward and pullback instead of the layers'
+    own; nothing else about it differs.
 
     A layer is a frozen dataclass of settings. It holds no numbers and no buffers; the
     chain owns those and hands the layer views. Shapes below are PER SAMPLE: ``in_shape``
@@ -117,7 +122,8 @@ class Layer:
         Write initial values into ``arrays`` (a dict name -> writeable view of the flat
         vector, shaped as `param_shapes` says) with the numpy Generator ``rng``.
         Convention: PyTorch's default scheme (uniform in +-1/sqrt(fan_in) for weights
-        and biases of Dense and Conv; ones and zeros for norms' scale and shift).
+        and biases of Dense and Conv, `torch_uniform`; ones and zeros for norms' scale
+        and shift). `Chain.init_params` calls it layer after layer with one generator.
     ``init_state(in_shape, arrays)``
         Write the state's initial values (e.g. running_var = 1). Default: leave zeros.
 
@@ -249,13 +255,17 @@ def check_positive_int(owner, name, v):
 
 
 def check_activation(owner, activation):
-    if not isinstance(activation, str):
-        raise TypeError(f"{owner}: `activation` must be a name (str), got {activation!r}")
-    registry.resolve(activation)  # raises with the list of known names
+    """The canonical name of `activation` (`nets.registry.canonical`: ``"elu(alpha=1.0)"``
+    is ``"elu"``), which a layer stores; raises naming `owner` for a bad one."""
+    return registry.canonical(activation, owner)
 
 
 def torch_uniform(rng, array, fan_in):
-    """PyTorch's default init of Linear/Conv weights and biases: U(-1/sqrt(fan_in), +)."""
+    """PyTorch's default init of Linear/Conv weights and biases: U(-1/sqrt(fan_in), +).
+
+    For weights this is PyTorch's ``kaiming_uniform_(a=sqrt(5))``, whose bound
+    ``gain * sqrt(3 / fan_in)`` with ``gain = sqrt(2 / (1 + a^2))`` is ``1/sqrt(fan_in)``;
+    a standard deviation of ``1/sqrt(3 fan_in)``."""
     bound = 1.0 / math.sqrt(fan_in) if fan_in > 0 else 0.0
     array[...] = rng.uniform(-bound, bound, size=array.shape)
 
@@ -272,12 +282,18 @@ class Dense(Layer):
         A builtin name (identity, tanh, sigmoid, relu, softplus, gelu, silu,
         elu, rbf, ...: `nets.activation_names()`) or one added with
         `nets.register_activation`.
+        Constants as PyTorch's keywords, ``"elu(alpha=2.0)"``; a name with the default
+        constants is the bare name (``"elu(alpha=1.0)"`` is stored as ``"elu"``).
     bias : bool, default True
         Whether the layer has a bias vector.
 
     In the flat parameter vector the layer's weight comes first, as an
     ``(out, in)`` row-major block, then its bias (PyTorch's `Linear` order).
     Its input is a vector ``(in,)``; put a `Flatten` before it after images.
+
+    Initialisation (`init_params`) is PyTorch's for `Linear`: weight and bias uniform in
+    ``+-1/sqrt(in)`` (``kaiming_uniform_(a=sqrt(5))`` for the weight), whatever the
+    rest of the chain.
     """
 
     out: int
@@ -286,7 +302,11 @@ class Dense(Layer):
 
     def __post_init__(self):
         check_positive_int("Dense", "out", self.out)
-        check_activation("Dense", self.activation)
+        object.__setattr__(self, "activation", check_activation("Dense", self.activation))
+
+    def __repr__(self):
+        return (f"Dense({self.out}" + (f", {self.activation!r}" if self.activation != "identity"
+                                       else "") + ("" if self.bias else ", bias=False") + ")")
 
     def out_shape(self, in_shape):
         in_shape = _shape(in_shape)

@@ -1,4 +1,5 @@
-"""The per-layer path of `Chain`: chains that are not all Dense on vectors.
+"""The per-layer path of `Chain`: every chain the fused Dense kernels do not run (layers
+other than Dense on vectors, or activations with constants).
 
 Each layer is one compiled call (the protocol of `nets.layers.Layer`) on batch-first
 arrays; between the calls the chain applies activations and seeds the loss's

@@ -697,7 +697,7 @@ class Network:
         """A `nets.Chain` computing the same function of one input vector with the SAME
         flat parameter order, when the graph is a sequence of Linear layers and
         elementwise activations (at most one activation after each Linear, none before
-        the first, constants at their defaults); else None. Several vector inputs are
+        the first); else None. Several vector inputs are
         allowed when the graph first concatenates all of them in order (``torch.cat``):
         the chain then takes their concatenation."""
         from .chain import Chain
@@ -727,12 +727,7 @@ class Network:
                 expect = int(a["out_features"])
                 pending = [int(a["out_features"]), "identity", bool(a.get("bias", True))]
             elif nd.op == "activation" and pending is not None and pending[1] == "identity":
-                name = nd.info[0]
-                try:
-                    registry.code(name)
-                except ValueError:
-                    return None  # constants other than the defaults
-                pending[1] = name
+                pending[1] = nd.info[0]
             else:
                 return None
             last = nd.name

@@ -13,10 +13,12 @@ disk-cached kernels, which take the constants as data (`resolve`,
 `nets.activations.activate_row_c`).
 """
 
+import math
 import re
 
 import numba
 
+from ._config import quiet
 from .activations import BUILTIN, BY_NAME, CODES, Formula, activate_row
 
 _custom = {}  # name -> (code, value_fn, deriv_fn, second_fn or None)
@@ -28,21 +30,49 @@ def names():
     return list(BUILTIN) + list(_custom)
 
 
-def _unknown(name):
-    return ValueError(f"unknown activation {name!r}; known: {', '.join(names())} "
-                      "(add one with nets.register_activation)")
+def _unknown(name, where=None):
+    return ValueError(f"{_prefix(where)}unknown activation {name!r}; known: "
+                      f"{', '.join(names())} (add one with nets.register_activation)")
+
+
+def _prefix(where):
+    return "" if where is None else f"{where}: "
+
+
+def _what(name, where):
+    """How a message names the activation `name`: the argument, if `where` calls it."""
+    return f"activation {name!r}" if where is None else f"{where}: `activation` {name!r}"
 
 
 _SPEC = re.compile(r"^([a-z_0-9]+)\((.*)\)$")
 
 
-def parse(name):
+def _form(act):
+    """How a name of `act` with constants looks, its defaults filled in."""
+    if not act.constants:
+        return repr(act.name)
+    return repr(f"{act.name}({', '.join(f'{k}={v!r}' for k, v in act.constants)})")
+
+
+def parse(name, where=None):
     """(builtin Activation, constants) of a builtin name with or without constants
-    (``"elu(alpha=2.0)"``), or None."""
+    (``"elu(alpha=2.0)"``), or None for any other name (registered or unknown).
+
+    A builtin's name with constants it does not take, a constant that is not a finite
+    number, or unbalanced parentheses raise ValueError (prefixed with `where`, e.g.
+    ``"Dense"``, saying what was expected and what came)."""
+    if not isinstance(name, str):
+        return None
     if name in BY_NAME:
         return BY_NAME[name], BY_NAME[name].defaults
-    m = _SPEC.match(name) if isinstance(name, str) else None
-    if m is None or m.group(1) not in BY_NAME:
+    m = _SPEC.match(name)
+    if m is None:
+        head = name.partition("(")[0].strip()
+        if head in BY_NAME and ("(" in name or ")" in name):
+            raise ValueError(f"{_what(name, where)}: expected {head!r} or "
+                             f"{head}(name=value, ...) as in {_form(BY_NAME[head])}")
+        return None
+    if m.group(1) not in BY_NAME:
         return None
     act = BY_NAME[m.group(1)]
     known = dict(act.constants)
@@ -51,17 +81,42 @@ def parse(name):
         key, eq, val = item.partition("=")
         key = key.strip()
         if not eq or key not in known:
-            raise ValueError(f"activation {name!r}: {act.name} takes "
-                             + (f"the constants {', '.join(known)}" if known else "no constants")
+            raise ValueError(f"{_what(name, where)}: {act.name} takes "
+                             + (f"the constants {', '.join(known)} (as in {_form(act)})"
+                                if known else "no constants")
                              + f", got {item!r}")
+        if key in given:
+            raise ValueError(f"{_what(name, where)}: `{key}` is given twice")
         try:
             given[key] = float(val)
         except ValueError:
-            raise ValueError(f"activation {name!r}: `{key}` must be a number, "
+            raise ValueError(f"{_what(name, where)}: `{key}` must be a number, "
                              f"got {val.strip()!r}") from None
+        if not math.isfinite(given[key]):
+            raise ValueError(f"{_what(name, where)}: `{key}` must be a finite "
+                             f"number, got {val.strip()!r}")
     if act.name == "celu" and given.get("alpha", 1.0) == 0.0:
-        raise ValueError(f"activation {name!r}: celu's alpha must not be 0")
+        raise ValueError(f"{_what(name, where)}: celu's alpha must not be 0")
     return act, tuple(given.get(k, v) for k, v in act.constants)
+
+
+def canonical(name, where=None):
+    """The one name of activation `name`: a builtin's as `spec` writes it (the bare name
+    when its constants are the defaults, so ``"elu(alpha=1.0)"`` is ``"elu"``), a
+    registered one's as it is. Layers keep this name, so that equal activations are
+    equal names everywhere (kernels, models, JAX, repr).
+
+    Raises TypeError for a name that is not a str and ValueError for an unknown or
+    malformed one, prefixed with `where` (e.g. ``"Dense"``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"{_prefix(where)}`activation` must be a name (str), got {name!r}")
+    parsed = parse(name, where)
+    if parsed is not None:
+        act, consts = parsed
+        return spec(act.name, **dict(zip((k for k, _ in act.constants), consts)))
+    if name in _custom:
+        return name
+    raise _unknown(name, where)
 
 
 def spec(name, **constants):
@@ -217,7 +272,8 @@ def kernels_for(activation_names):
     """The kernel namespace that can run these activations."""
     from . import kernels
 
-    custom = frozenset(n for n in activation_names if n not in CODES)
+    # Builtins with or without constants are in the table; only registered names are not.
+    custom = frozenset(n for n in activation_names if parse(n) is None)
     if not custom:
         return vars(kernels)
     if custom not in _kernels:
@@ -230,6 +286,7 @@ def _make_dispatch(custom):
     entries = tuple(_custom[name][:3] for name in sorted(custom))  # (code, value, derivative)
     n_builtin = len(BUILTIN)
 
+    @quiet
     @numba.njit
     def activate(code, buf, zo, do, n, need_d):
         if code < n_builtin:

@@ -40,32 +40,29 @@ class _Buffers:
         self.nt = nt
 
 
-def _prepare(chain, p, X, Y, loss):
+def _prepare(chain, p, X, Y, loss, state):
+    """Checked (loss, samples, targets, state) in the layout of the engine that runs
+    `chain`; the checks and their messages are the same for every chain."""
     if not isinstance(chain, Chain):
         raise TypeError(f"`chain` must be a nets.Chain, got {type(chain).__name__}")
     check_params(p, chain.n_params)
     loss = check_loss(loss)
-    if not chain.is_dense:
-        X = as_float_array("X", X, dtype=p.dtype)
-        if X.shape[1:] != chain.in_shape or X.shape[0] < 1:
-            raise ValueError(f"`X` must have shape (N, {', '.join(map(str, chain.in_shape))}) "
-                             f"with N >= 1 (the chain's input shape {chain.in_shape}, batch "
-                             f"first), got {X.shape}")
-    else:
-        X = as_float_array("X", X, dtype=p.dtype, ndim=2)
-        if X.shape[1] != chain.n_in or X.shape[0] < 1:
-            raise ValueError(f"`X` must have shape (N, {chain.n_in}) with N >= 1, "
-                             f"got {X.shape}")
+    X = as_float_array("X", X, dtype=p.dtype)
+    if X.shape[1:] != chain.in_shape or X.shape[0] < 1:
+        raise ValueError(f"`X` must have shape (N, {', '.join(map(str, chain.in_shape))}) "
+                         f"with N >= 1 (the chain's input shape {chain.in_shape}, batch "
+                         f"first), got {X.shape}")
     check_finite("X", X)
     X = np.ascontiguousarray(X)
     T = loss.targets(Y, X.shape[0], chain.n_out, p.dtype)
     if not np.all(np.isfinite(p)):
         raise ValueError("`p` contains NaN or Inf")
-    if not chain.is_dense:
+    state = chain._state(state, p.dtype)
+    if not chain.fused:
         # The per-layer path reads samples batch-first: rows of (N, n_in).
-        return loss, X.reshape(X.shape[0], -1), np.ascontiguousarray(T)
+        return loss, X.reshape(X.shape[0], -1), np.ascontiguousarray(T), state
     # The kernels read samples feature-major: transpose once, not per step.
-    return loss, np.ascontiguousarray(X.T), np.ascontiguousarray(T.T)
+    return loss, np.ascontiguousarray(X.T), np.ascontiguousarray(T.T), state
 
 
 def _scale(loss, n, n_out):
@@ -82,7 +79,7 @@ def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None, *, state=Non
     ----------
     chain : Chain
     p : ndarray, (n_params,)
-    X : array, (N, n_in) (other than Dense chains: (N, *chain.in_shape))
+    X : array, (N, *chain.in_shape) ((N, n_in) for a chain on vectors)
     Y : array, (N, n_out) (integer labels (N,) for `LogitCrossEntropyLoss`)
     loss : Loss
     threads : int, optional
@@ -90,16 +87,16 @@ def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None, *, state=Non
     state, training, seed
         Chains with running statistics or Dropout (see `Chain`): the state vector
         (default: the chain's own; updated in training mode), the mode (default
-        training) and the seed of random masks. Dense chains ignore them.
+        training) and the seed of random masks. Other chains have no state (a given
+        one must be empty) and no random masks.
 
     Returns
     -------
     value : float
     grad : ndarray, (n_params,), dtype of `p`
     """
-    loss, XT, TT = _prepare(chain, p, X, Y, loss)
-    if not chain.is_dense:
-        st = chain._state(state, p.dtype)
+    loss, XT, TT, st = _prepare(chain, p, X, Y, loss, state)
+    if not chain.fused:
         with Threads(threads):
             return layerwise.loss_and_grad(chain, p, XT, TT, loss, st, seed, training)
     k = chain._kernels
@@ -158,8 +155,8 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))
                               or v < 1):
             raise ValueError(f"train: `{name}` must be a positive int, got {v!r}")
-    loss, XT, TT = _prepare(chain, p, X, Y, loss)
-    n = XT.shape[1]
+    loss, XT, TT, st = _prepare(chain, p, X, Y, loss, state)
+    n = XT.shape[0] if not chain.fused else XT.shape[1]
     if epochs is not None:
         if batch_size is None:
             raise ValueError("train: `epochs` needs `batch_size`")
@@ -176,9 +173,9 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
         raise TypeError(f"train: `optimizer` must be nets.Adam, AdamW, SGD or LBFGS, "
                         f"got {optimizer!r}")
     optimizer._ready(p)
-    if not chain.is_dense:
+    if not chain.fused:
         return _train_layerwise(chain, p, XT, TT, loss, optimizer, iters, epochs, batch_size,
-                                seed, threads, progress, callback, state)
+                                seed, threads, progress, callback, st)
 
     k = chain._kernels
     hyper = optimizer.hyper()
@@ -228,8 +225,7 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
 
 
 def _train_layerwise(chain, p, X2, T, loss, optimizer, iters, epochs, batch_size, seed,
-                     threads, progress, callback, state):
-    st = chain._state(state, p.dtype)
+                     threads, progress, callback, st):
     bar = _bar(progress, epochs if epochs is not None else iters)
     out = []
     try:

@@ -7,8 +7,8 @@ problem is. The starts are independent, so they run in parallel:
 
 - ``client=None``: a pool of threads in this process. The compiled solvers
   and adjoints release the GIL, the optimizers' Python loop does not: on
-  small models (a gradient of ~0.1 ms) the threads contend for it (see
-  ``benchmarks/multistart.py``).
+  small models, whose gradients are quick next to that loop, the threads
+  contend for it (see ``benchmarks/multistart.py``).
 - ``client="local"``: an embedded ``dask.distributed.LocalCluster`` of
   worker processes, one per core with one thread each, started for the call
   and closed after it.
@@ -299,7 +299,7 @@ def draw_starts(prob, n, seed=0, params=None, spread=0.5, bounds=None):
       mechanistic parameter ``c`` becomes ``c * exp(spread * z)`` (z standard
       normal: the sign kept, log-normal spread; ``spread * z`` where c is 0),
       and each network's weights are drawn afresh as ``Chain.init_params``
-      draws them (Glorot-uniform weights, zero biases), with a seed from the
+      draws them (PyTorch's default: uniform in +-1/sqrt(fan_in)), with a seed from the
       same generator.
     """
     probs, _ = _problems(prob)

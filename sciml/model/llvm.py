@@ -1,11 +1,11 @@
 """Kernels to machine code: `sciml.model.code` syntax trees printed as LLVM IR (llvmlite).
 
-Why not numba for the model's own kernels: numba takes ~0.5-1 s to compile
-each one (typing, then LLVM), the whole cost of a new model. The kernels are
-straight-line arithmetic plus loops with constant bounds, so printing them as
-LLVM IR ourselves and handing it to LLVM (numba's own dependency) costs
-milliseconds for a mechanistic model and ~0.1 s for a UDE's network kernels
-(LLVM's O3 pipeline is most of it), with the same CPU target.
+Why not numba for the model's own kernels: numba's compile of each one (typing,
+then LLVM) is the whole cost of a new model. The kernels are straight-line
+arithmetic plus loops with constant bounds, so printing them as LLVM IR ourselves
+and handing it to LLVM (numba's own dependency) costs a small fraction of that
+(LLVM's O3 pipeline is most of what is left), with the same CPU target;
+``python -m benchmarks.compile_latency`` measures it.
 
 Every kernel is ``void name(double* noalias a, ..., double t, ...)``: array
 arguments as pointers to C-contiguous float64 data (callers never pass

@@ -414,8 +414,9 @@ class Model:
         """A flat float64 parameter vector: mechanistic values, then initialised networks.
 
         Every mechanistic parameter must be given by name. Network ``k`` (in
-        the order of `nets`) gets Glorot-uniform weights from
-        ``chain.init_params(seed + k)``, unless its vector is given by name.
+        the order of `nets`) gets ``chain.init_params(seed + k)`` (PyTorch's default:
+        weights and biases uniform in +-1/sqrt(fan_in)), unless its vector is given by
+        name.
 
         Returns
         -------

@@ -33,7 +33,8 @@ def forward(chain, p, x, custom=None):
     h = x.reshape(1, -1) if single else x
     tape = []
     p64 = np.ascontiguousarray(p, dtype=np.float64)
-    for layer, (W, b) in zip(chain.layers, chain.views(p64)):
+    for layer, v in zip(chain.layers, chain.views(p64)):
+        W, b = v.W, v.b
         z = h @ W.T
         if b is not None:
             z = z + b
@@ -50,8 +51,9 @@ def vjp(chain, p, x, v, custom=None):
     p64 = np.ascontiguousarray(p, dtype=np.float64)
     pbar = np.zeros(chain.n_params)
     g = np.asarray(v, dtype=np.float64).reshape(tape[-1][1].shape)
-    for (h, d), (W, _), (Wbar, bbar) in zip(reversed(tape), reversed(chain.views(p64)),
-                                            reversed(chain.views(pbar))):
+    for (h, d), v, vbar in zip(reversed(tape), reversed(chain.views(p64)),
+                               reversed(chain.views(pbar))):
+        W, Wbar, bbar = v.W, vbar.W, vbar.b
         dz = g * d
         Wbar += dz.T @ h
         if bbar is not None:
@@ -103,7 +105,8 @@ def random_chain(rng, n_in=None, widths=None, activations=BUILTIN, max_width=40,
 
 
 def random_params(chain, rng, dtype=np.float64):
-    """Glorot weights and N(0, 0.5^2) biases (init_params leaves biases at zero)."""
+    """`init_params` weights and N(0, 0.5^2) biases (larger than init_params' own, so
+    that biases matter in the comparisons)."""
     p = chain.init_params(seed=int(rng.integers(2**31)), dtype=np.float64)
     for v in chain.views(p):
         if v.b is not None:
@@ -114,6 +117,6 @@ def random_params(chain, rng, dtype=np.float64):
 def weight_mask(chain):
     """Boolean mask of the weight entries (not biases) of the flat vector."""
     mask = np.zeros(chain.n_params, dtype=bool)
-    for nin, nout, _, woff, _ in chain.meta.tolist():
+    for nin, nout, _, woff, _ in chain.dense_layers:
         mask[woff:woff + nin * nout] = True
     return mask

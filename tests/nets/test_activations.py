@@ -150,7 +150,8 @@ def test_names_with_constants():
 
 
 @pytest.mark.parametrize("name, match", [
-    ("elu(beta=2.0)", "elu takes the constants alpha, got 'beta=2.0'"),
+    ("elu(beta=2.0)", r"elu takes the constants alpha \(as in 'elu\(alpha=1.0\)'\), got "
+                      r"'beta=2.0'"),
     ("tanh(alpha=1.0)", "tanh takes no constants"),
     ("elu(alpha=big)", "`alpha` must be a number, got 'big'"),
     ("celu(alpha=0)", "alpha must not be 0"),

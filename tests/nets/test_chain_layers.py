@@ -48,7 +48,7 @@ def blobs(rng, n, shape, classes=3):
 
 def test_lenet_shape_contract(rng):
     chain = lenet()
-    assert chain.out_shape == (10,) and chain.n_params == 44426 and not chain.is_dense
+    assert chain.out_shape == (10,) and chain.n_params == 44426 and not chain.fused
     assert [s for _, s in chain.shapes()] == [(6, 24, 24), (6, 12, 12), (16, 8, 8), (16, 4, 4),
                                              (256,), (120,), (84,), (10,)]
     p64 = chain.init_params(seed=0)

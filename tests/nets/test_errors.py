@@ -61,7 +61,7 @@ def test_forward_into_buffers(chain):
         chain.forward_into(np.empty((5, 2), np.float32), x, p, ws)
     with pytest.raises(ValueError, match="`y`"):
         chain.forward_into(np.empty((5, 3)), x, p, ws)
-    with pytest.raises(ValueError, match="`y` has 4 rows"):
+    with pytest.raises(ValueError, match="`y` has 4 samples"):
         chain.forward_into(np.empty((4, 2)), x, p, ws)
     with pytest.raises(ValueError, match="`x`"):
         chain.forward_into(np.empty((5, 2)), np.zeros((5, 4)), p, ws)
@@ -85,7 +85,7 @@ def test_vjp_into_buffers(chain):
         chain.vjp_into(np.empty((5, 3), np.float32), np.zeros(chain.n_params), v, x, p, ws)
     with pytest.raises(ValueError, match="`v`"):
         chain.vjp_into(np.empty((5, 3)), np.zeros(chain.n_params), np.zeros((5, 3)), x, p, ws)
-    with pytest.raises(ValueError, match="same number of rows"):
+    with pytest.raises(ValueError, match="same number of samples"):
         chain.vjp_into(np.empty((4, 3)), np.zeros(chain.n_params), v, x, p, ws)
 
 
@@ -98,11 +98,6 @@ def test_jacobian_into_buffers(chain):
         chain.jacobian_into(np.empty((2, 3)), np.zeros((5, 3)), p, ws)
     with pytest.raises(TypeError, match="`J` must have dtype float64"):
         chain.jacobian_into(np.empty((2, 3), np.float32), np.zeros(3), p, ws)
-    n = nets.kernels.B + 1
-    wide = Chain(n, Dense(1))
-    with pytest.raises(ValueError, match=f"at most {n - 1} inputs"):
-        wide.jacobian_into(np.empty((1, 1, n)), np.zeros((1, n)), wide.init_params(),
-                           wide.workspace())
 
 
 def test_workspace_from_another_chain(chain):

@@ -103,7 +103,7 @@ def test_parameter_layout():
     chain = Chain(3, Dense(2), Dense(1, bias=False))
     assert chain.n_params == 3 * 2 + 2 + 2 * 1
     p = np.arange(chain.n_params, dtype=np.float64)
-    (W0, b0), (W1, b1) = chain.views(p)
+    (W0, b0), (W1, b1) = ((v.W, v.b) for v in chain.views(p))
     np.testing.assert_array_equal(W0, [[0, 1, 2], [3, 4, 5]])
     np.testing.assert_array_equal(b0, [6, 7])
     np.testing.assert_array_equal(W1, [[8, 9]])

@@ -92,13 +92,18 @@ def test_pytree_round_trip(rng):
     chain = Chain(3, Dense(4, "tanh"), Dense(2, bias=False), Dense(1))
     p = ref.random_params(chain, rng)
     tree = nets_jax.params_to_pytree(chain, p)
-    assert [(W.shape, None if b is None else b.shape) for W, b in tree] == \
-        [((4, 3), (4,)), ((2, 4), None), ((1, 2), (1,))]
-    for (W, b), v in zip(tree, chain.views(p)):
-        np.testing.assert_array_equal(W, v.W)
-        if v.b is not None:
-            np.testing.assert_array_equal(b, v.b)
+    # the names and shapes of chain.views, whichever kernels run the chain
+    assert [{k: a.shape for k, a in layer.items()} for layer in tree] == \
+        [{"weight": (4, 3), "bias": (4,)}, {"weight": (2, 4)}, {"weight": (1, 2), "bias": (1,)}]
+    for layer, v in zip(tree, chain.views(p)):
+        assert list(layer) == list(v)
+        for k in v:
+            np.testing.assert_array_equal(layer[k], v[k])
     np.testing.assert_array_equal(nets_jax.pytree_to_params(chain, tree), p)
+    with pytest.raises(ValueError, match="layer 1 has no array 'bias'"):
+        nets_jax.pytree_to_params(chain, [tree[0], {**tree[1], "bias": tree[0]["bias"]}, tree[2]])
+    with pytest.raises(ValueError, match=r"layer 0 needs 'bias' of shape \(4,\), got None"):
+        nets_jax.pytree_to_params(chain, [{"weight": tree[0]["weight"]}, tree[1], tree[2]])
 
 
 def test_custom_activation_is_refused_by_name(cube_activation, rng):

@@ -160,9 +160,20 @@ def test_as_chain_keeps_the_flat_order():
     assert chain is not None and chain.n_params == net.n_params
     np.testing.assert_allclose(chain(np.concatenate(xs, axis=-1), p), net(*xs, p), rtol=1e-13,
                                atol=1e-15)
-    # not a sequence of Linear + activations: conv, constants other than defaults
-    for case in ("018", "038"):
-        assert case_data(case, 0)[0].as_chain() is None, case
+    # activations with constants (elu(alpha=1.0), then elu(alpha=2.0)): a chain like any
+    net, xs, p, ref, _ = case_data("038", 1)
+    chain = net.as_chain()
+    assert [l.activation for l in chain.layers] == ["elu", "elu(alpha=2.0)"]
+    np.testing.assert_allclose(chain(xs[0], p), net(*xs, p), rtol=1e-13, atol=1e-15)
+    # not a sequence of Linear + activations: a convolution
+    assert case_data("018", 0)[0].as_chain() is None
+
+
+def test_a_chain_initialises_as_its_network():
+    # one scheme, PyTorch's: the chain a network becomes draws the same parameters
+    for case in ("001", "038"):
+        net = case_data(case, 0)[0]
+        np.testing.assert_array_equal(net.as_chain().init_params(seed=5), net.init_params(seed=5))
 
 
 def _doc(case="001"):

@@ -20,7 +20,7 @@ def test_init_params_layout_and_named_views():
     theta = m.init_params(seed=3, k=0.5, c=-2)
     assert theta.dtype == np.float64 and theta.shape == (m.n_params,)
     np.testing.assert_array_equal(theta[:2], [0.5, -2.0])
-    # Network k is initialised from seed + k (Glorot weights, zero biases).
+    # Network k is initialised from seed + k (Chain.init_params).
     np.testing.assert_array_equal(theta[m.param_slices["A"]], A.init_params(3))
     np.testing.assert_array_equal(theta[m.param_slices["B"]], B.init_params(4))
     pB = np.arange(B.n_params, dtype=float)
