@@ -41,10 +41,11 @@ class SensitivityAlgorithm:
         return ("vjp",)
 
     def check_solver(self, solver):
-        if not getattr(solver, "sensitivities", True):
+        ok = getattr(solver, "sensitivities", True)
+        if ok is not True and type(self).__name__ not in ok:
             raise ValueError(f"{type(self).__name__}: sensitivities through {solver.name} are "
-                             "not available yet; use sciml.Rodas5() (stiff) or an explicit "
-                             "solver for gradients")
+                             f"not available yet (with it: {', '.join(ok) or 'none'}); use "
+                             "sciml.Rodas5() (stiff) or an explicit solver")
         if not solver.adaptive and type(self).__name__ != "DiscreteAdjoint":
             raise ValueError(f"{type(self).__name__} needs an adaptive solver; with a "
                              f"fixed-step {solver.name} use DiscreteAdjoint()")

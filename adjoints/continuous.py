@@ -67,7 +67,7 @@ def _adjoint(job, state, G, stops=None, obs_t=None):
     stops_b, jump, fseg = backward_schedule(job.sched.stops if stops is None else stops,
                                             job.obs_t if obs_t is None else obs_t)
     n = job.n
-    width = max(n, state.tab.c.shape[0]) + 1
+    width = max(n, getattr(state.tab, "c", np.zeros(0)).shape[0]) + 1
     a = Adjoint(state.sys.m, state.sys, state.tab, state.rec, state.n_steps, fseg, jump,
                 np.ascontiguousarray(G), np.zeros((ROWS, width)), np.zeros(job.n_params),
                 np.zeros(1, dtype=np.int64), job.linear() if job.stiff else state.sys.lin,

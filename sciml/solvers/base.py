@@ -80,7 +80,8 @@ class Solver:
     needs = ("rhs",)
     stiff = False
     linsolve = "dense"
-    sensitivities = True  # the sensitivity methods can step through the family
+    # the sensitivity methods that step through the family: True for all, else their names
+    sensitivities = True
     safety = qmin = qmax = beta1 = beta2 = 0.0
 
     def _loop(self):

@@ -40,8 +40,10 @@ class BDF(Solver):
 
     Notes
     -----
-    Forward solves only for now: the sensitivity methods ask for `Rodas5` or an
-    explicit solver.
+    Gradients through it: `adjoints.InterpolatingAdjoint` and `BacksolveAdjoint`
+    (the backward system integrated by BDF too, on the same linear solves) and
+    `ForwardSensitivity` (simultaneous corrector on the augmented system); the
+    quadrature adjoints and the discrete adjoint ask for `Rodas5`.
 
     References
     ----------
@@ -55,7 +57,10 @@ class BDF(Solver):
     stiff = True
     adaptive = True
     safety = 0.9
-    sensitivities = False
+    # Those whose backward or augmented system is an ODE the BDF loop integrates; the
+    # quadrature adjoints read their own backward steps' stages, which BDF has not, and
+    # the discrete adjoint would differentiate the multistep recursion.
+    sensitivities = ("InterpolatingAdjoint", "BacksolveAdjoint", "ForwardSensitivity")
 
     def __init__(self, max_order=5, ndf=True, linsolve="auto"):
         if isinstance(max_order, bool) or not isinstance(max_order, (int, np.integer)) \

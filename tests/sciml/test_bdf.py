@@ -2,7 +2,8 @@
 
 Against closed forms (convergence with the order bound), a tight Radau
 reference (Robertson), Rodas5 (doses, dense output), itself with the sparse
-LU, and numba's allocation counters.
+LU, numba's allocation counters, and central differences for the gradient
+methods that step through it.
 """
 
 import warnings
@@ -11,11 +12,13 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
+import adjoints
 import sciml
 from adjoints import GaussAdjoint
 
 from ..alloc import own_allocations
-from .test_sparse import robertson_groups
+from . import stiff_models
+from .stiff_models import robertson_groups
 
 K = 50.0
 TS = np.linspace(1.0, 10.0, 46)
@@ -117,8 +120,9 @@ def test_gradients_ask_for_another_solver():
     m = sciml.Model(lambda u, p, t: [-p.k * u[0]], ["x"], ["k"])
     prob = sciml.ODEProblem(m, u0=[1.0], tspan=(0.0, 1.0), params=[0.5])
     data = sciml.Data(np.array([0.5, 1.0]), np.array([[0.7], [0.6]]))
-    with pytest.raises(ValueError, match="sensitivities through BDF are not available"):
-        sciml.loss_and_grad(prob, data, solver=sciml.BDF(), sensealg=GaussAdjoint())
+    for method in (GaussAdjoint(), adjoints.QuadratureAdjoint(), adjoints.DiscreteAdjoint()):
+        with pytest.raises(ValueError, match="sensitivities through BDF are not available"):
+            sciml.loss_and_grad(prob, data, solver=sciml.BDF(), sensealg=method)
 
 
 def test_settings_are_checked():
@@ -129,3 +133,19 @@ def test_settings_are_checked():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert repr(sciml.BDF()) == "BDF()"
+
+
+@pytest.fixture(scope="module")
+def bruss50():
+    return stiff_models.bruss50()
+
+
+@pytest.mark.parametrize("method", [adjoints.InterpolatingAdjoint(), adjoints.BacksolveAdjoint(),
+                                    adjoints.ForwardSensitivity()], ids=lambda m: type(m).__name__)
+def test_gradients_through_bdf(bruss50, method):
+    """The methods whose system the BDF loop integrates, on the sparse LU, against central
+    differences on the 50-state Brusselator."""
+    prob, data, theta, fd = bruss50
+    _, g = sciml.loss_and_grad(prob, data, solver=sciml.BDF(linsolve="sparse"),
+                               sensealg=method, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g, fd, rtol=1e-6)

@@ -331,8 +331,11 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
             z[m] = D[0, m]
         if lands:
             k += 1
-            if sys_event(sys, z, k) and k < nseg:
-                # a dose: the history no longer describes the state
+            jumped = sys_event(sys, z, k)
+            for m in range(nz):
+                jumped = jumped or z[m] != D[0, m]
+            if jumped and k < nseg:
+                # a dose, or an adjoint's jump: the history no longer describes the state
                 order = 1
                 sys_f(sys, f, z, t, k)
                 nfev += 1
@@ -403,6 +406,16 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
 
 
 @jit
+def bdf_store_at(rec, n_steps, out, tt, k, j):
+    """``out`` = the stored BDF solution at ``tt`` in segment ``k`` (``k < 0``: any),
+    searching from step ``j``; returns the step used."""
+    j = find_step(rec, n_steps, tt, k, j)
+    h = rec.d_t[j + 1] - rec.d_t[j]
+    bdf_interp(out, (tt - rec.d_t[j + 1]) / h, rec.d_k[j], rec.d_have[j])
+    return j
+
+
+@jit
 def bdf_store_eval(rec, n_steps, tq, out):
     """Dense output at sorted times ``tq`` (q,) into ``out`` (q, nz), right-continuous."""
     j = 0
@@ -411,6 +424,4 @@ def bdf_store_eval(rec, n_steps, tq, out):
         if n_steps == 0 or tt >= rec.d_t[n_steps]:
             out[q, :] = rec.d_z[n_steps]
             continue
-        j = find_step(rec, n_steps, tt, -1, j)
-        h = rec.d_t[j + 1] - rec.d_t[j]
-        bdf_interp(out[q], (tt - rec.d_t[j + 1]) / h, rec.d_k[j], rec.d_have[j])
+        j = bdf_store_at(rec, n_steps, out[q], tt, -1, j)

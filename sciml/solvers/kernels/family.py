@@ -1,8 +1,10 @@
 """What differs between the method families, behind one name: interpolants and stored steps.
 
-Sensitivity loops integrate with either family and read the forward solve's
+Sensitivity loops integrate with any family and read the forward solve's
 stored steps; these helpers pick the family's code by the type of the
-tableau (`structs.ERKTableau` or `structs.RosTableau`):
+tableau (`structs.ERKTableau`, `structs.RosTableau` or `structs.BDFTableau`;
+a BDF step has no stages, so `step_interp`, which quadrature adjoints call on
+their own backward steps, has no BDF version):
 
 - ``stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp)``: the stored
   forward solution at time ``t`` in segment ``k`` (``k < 0``: any), searching
@@ -19,10 +21,11 @@ from numba.extending import overload
 
 from sciml._jit import OPTIONS, jit
 
+from .bdf import MAX_ORDER, bdf_integrate, bdf_store_at
 from .control import NEED_STORAGE
 from .erk import erk_integrate, erk_interp, store_at
 from .ros import ros_integrate, ros_store_at
-from .structs import ERKTableau, Record, RosTableau
+from .structs import BDFTableau, ERKTableau, Record, RosTableau
 
 
 def stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
@@ -46,6 +49,10 @@ def _ov_stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
     if _family(ftab) is RosTableau:
         def impl(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
             return ros_store_at(rec, n_steps, out, t, k, j)
+        return impl
+    if _family(ftab) is BDFTableau:
+        def impl(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+            return bdf_store_at(rec, n_steps, out, t, k, j)
         return impl
 
 
@@ -86,6 +93,8 @@ def _ov_integrate(sys, tab, ctl, stops, z, rec):
         return lambda sys, tab, ctl, stops, z, rec: erk_integrate(sys, tab, ctl, stops, z, rec)
     if _family(tab) is RosTableau:
         return lambda sys, tab, ctl, stops, z, rec: ros_integrate(sys, tab, ctl, stops, z, rec)
+    if _family(tab) is BDFTableau:
+        return lambda sys, tab, ctl, stops, z, rec: bdf_integrate(sys, tab, ctl, stops, z, rec)
 
 
 @overload(store_rows, jit_options=OPTIONS, inline="always")
@@ -94,6 +103,8 @@ def _ov_store_rows(tab):
         return lambda tab: len(tab.c)
     if _family(tab) is RosTableau:
         return lambda tab: 1 + len(tab.H) // len(tab.c)
+    if _family(tab) is BDFTableau:
+        return lambda tab: MAX_ORDER + 1
 
 
 @jit
