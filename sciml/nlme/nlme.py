@@ -219,7 +219,12 @@ class NLME:
         ``lloq``: a lower limit of quantification, one number for every observed quantity
         or ``{observable: limit}``; an observation below it is censored (M3, as nlmixr2's
         ``CENS = 1``: it counts as the probability of being below the limit, its value
-        replaced by the limit)."""
+        replaced by the limit). Observations the table censored (`read_events`'
+        ``censored=`` / ``lloq=``: `sciml.data.Subject.censored`) are censored as well,
+        at their own limits.
+
+        Subjects without observations (``data`` None) are left out with a warning: they
+        contribute nothing, as in NONMEM."""
         if not isinstance(subjects, (list, tuple)) or not subjects:
             raise TypeError("NLME: `subjects` must be a non-empty list of sciml.data.Subject "
                             "(from sciml.data.read_events)")
