@@ -14,6 +14,8 @@ EVID        0 observation, 1 dose, 2 other, 3 reset, 4 reset + dose;
             ``100*c + 1`` (classic rxode2) = bolus into compartment ``c``
 CMT         dose compartment (optional when `compartments` has one entry);
             on observation rows it may select the observable
+CENS        1 = below the limit of quantification, DV the limit (optional)
+LIMIT       lower end of a censored value's interval (optional; -inf only)
 RATE, DUR   infusion rate or duration (optional); RATE = -1/-2 refused
 MDV         1 = not an observation (optional)
 II, ADDL    interdose interval and number of additional doses (optional)
@@ -28,11 +30,20 @@ Errors name the row: ``line N`` of a CSV file (the header is line 1), or
 
 Decisions (each also stated where it applies):
 
-- Duplicated observations (same subject, time and observable) are refused by
-  default; ``duplicates="mean"`` merges them into their mean with a weight
-  equal to their count, which leaves `sciml.SSE` unchanged up to a constant;
-  ``duplicates="keep"`` keeps each as an observation of its own (NONMEM's
-  reading; rows of the `Data` then share times, for `sciml.nlme`).
+- Replicate observations (same subject, time and observable) are each kept
+  as an observation of its own by default, as NONMEM reads them (rows of the
+  `Data` then share times: `sciml.nlme` counts each; `sciml.loss_and_grad`
+  refuses such data); ``duplicates="mean"`` merges them into their mean with
+  a weight equal to their count, which leaves `sciml.SSE` unchanged up to a
+  constant; ``duplicates="error"`` refuses them.
+- An observation record (EVID 0, MDV 0 or absent) whose DV is missing is left
+  out with a warning naming its subject and row (NONMEM would read it as an
+  observation of 0 or stop; MDV = 1 says it is not one).
+- Censored observations in nlmixr2's convention (``CENS = 1``: below the
+  limit of quantification, DV holds the limit; ``LIMIT`` the interval's
+  lower end, only -inf supported) or below ``lloq=`` (a column or a number)
+  are marked in `Subject.censored` / `Subject.lloq`, which `sciml.nlme`'s
+  M3 likelihood and simulations read (`censoring`).
 - Observations of different observables at one time share a `Data` row (NaN
   where a column is not measured).
 - A covariate is read per subject; one that changes within a subject is
@@ -65,11 +76,12 @@ import csv
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ..problem import Bolus, Change, Infusion, ODEProblem, check_dose_times
+from .censoring import flag_column, lloq_values, read_censoring
 from .observations import Data
 
 __all__ = ["Subject", "read_events"]
@@ -110,6 +122,13 @@ class Subject:
         values)`` for each covariate that changes within the subject, a step function
         (``values[j]`` from ``times[j]`` until ``times[j + 1]``; ``values[0]`` before
         ``times[0]``), the interpolation (LOCF / NOCB) already applied.
+    censored : ndarray of bool or None
+        Shaped as ``data.y``: True where the value is below its limit of quantification
+        (``CENS = 1``, or below ``read_events(lloq=)``); ``data.y`` there holds the limit.
+        None when the table says nothing of censoring. `sciml.nlme` counts these by M3.
+    lloq : ndarray or None
+        Shaped as ``data.y``: each observation's limit of quantification (-inf where
+        none is known; NaN where nothing is observed), when the table gives one.
     """
 
     id: object
@@ -119,6 +138,8 @@ class Subject:
     occasion: int = 0
     rows: tuple = field(default=(), repr=False)
     covariate_series: dict = field(default_factory=dict, repr=False)
+    censored: np.ndarray | None = field(default=None, repr=False)
+    lloq: np.ndarray | None = field(default=None, repr=False)
 
     def covariates_at(self, t):
         """The covariates in effect at time ``t`` (right-continuous at a change)."""
@@ -174,8 +195,7 @@ class Subject:
                                  self.covariate_series, prob.tspan, f"subject {self.id!r}")
             changes = [c for c in (_without(c, rules) for c in changes) if c is not None]
             changes += mine
-        return Subject(self.id, prob.remake(params=theta, changes=changes), self.data,
-                       self.covariates, self.occasion, self.rows, self.covariate_series)
+        return replace(self, problem=prob.remake(params=theta, changes=changes))
 
 
 def _apply_rules(model, theta, rules, covariates, who):
@@ -386,8 +406,9 @@ def _value(v):
 
 def read_events(table, model, compartments, observable=None, params=None, covariates=None,
                 tspan=None, u0=None, *, id_col="ID", time_col="TIME", dv_col="DV",
-                obs_col=None, duplicates="error", time_varying="first", reset="error",
-                covariate_params=None, interpolation="locf"):
+                obs_col=None, duplicates="keep", time_varying="first", reset="error",
+                covariate_params=None, interpolation="locf", censored=None, lloq=None,
+                limit=None):
     """Read an event table into one `Subject` (problem, data, covariates) per subject.
 
     Parameters
@@ -423,13 +444,14 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     obs_col : str, optional
         The column that selects the observable when `observable` is a
         mapping (default ``DVID`` if present, else ``CMT``).
-    duplicates : {"error", "mean", "keep"}
-        Several observations of one observable at one time in one subject:
-        refused, merged into their mean with weight = their count (for
-        `sciml.SSE` the same loss up to a constant; `sciml.GaussianNLL`
-        ignores weights and counts the mean once), or kept as separate
-        observations (`Data` rows sharing a time, in table order; for
-        `sciml.nlme`, whose likelihood counts each).
+    duplicates : {"keep", "mean", "error"}
+        Several observations of one observable at one time in one subject
+        (replicates): kept as separate observations, as NONMEM reads them
+        (the default: `Data` rows sharing a time, in table order; `sciml.nlme`
+        counts each, `sciml.loss_and_grad` refuses them), merged into their
+        mean with weight = their count (for `sciml.SSE` the same loss up to a
+        constant; `sciml.GaussianNLL` ignores weights and counts the mean
+        once), or refused.
     time_varying : {"first", "error", True, False}
         A covariate that changes within a subject: take its first
         non-missing value and warn (``"first"``, or False), refuse, or (True)
@@ -459,6 +481,24 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         right-continuous at a change, so an observable that reads the
         changed parameter at a NOCB change time sees the new value (NONMEM:
         the old); the states are continuous either way.
+    censored : str or False, optional
+        The column of censoring flags, nlmixr2's ``CENS`` (default: a ``CENS``
+        column when there is one; False ignores it): 1 on an observation
+        below its limit of quantification, whose DV holds the limit (or is
+        missing, the limit then from `lloq`); 0 or missing otherwise. -1
+        (above an upper limit) is not supported. `Subject.censored` and
+        `Subject.lloq` hold them; `sciml.nlme` counts them by M3.
+    lloq : str or float, optional
+        The lower limit of quantification: a column (per record) or a number.
+        Without a ``censored`` column an observation whose DV is below it is
+        censored (DV replaced by the limit); with one, the flags decide, and
+        the limit fills a missing DV of a flagged record. Either way it is the
+        limit `sciml.nlme.NLME.simulate` censors simulated values at.
+    limit : str, optional
+        nlmixr2's ``LIMIT`` column (default: one named so, if present): the
+        lower end of a censored value's interval. Missing or ``-inf`` is the M3
+        likelihood's ``(-inf, LLOQ)``; a finite lower end (M3 on an interval)
+        is refused for now.
 
     Returns
     -------
@@ -473,7 +513,18 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         not contiguous, a dose into an unknown compartment, AMT <= 0 on a
         dose row, DV (other than missing or 0) on a dose row, AMT on a
         non-dose row, SS != 0, modelled RATE/DUR, unsupported EVID,
-        duplicated observations (unless ``duplicates="mean"``).
+        duplicated observations with ``duplicates="error"``, CENS other than
+        0 or 1, a censored record without its limit, a finite LIMIT.
+
+    Warns
+    -----
+    UserWarning
+        An observation record (EVID 0, MDV 0 or no MDV column) with DV
+        missing is left out, named by subject and row (set MDV = 1 on records
+        that are not observations); subjects without observations
+        (`Subject.data` None); covariates that change within a subject (with
+        ``time_varying="first"``); observations listed before a bolus at the
+        same time.
 
     Examples
     --------
@@ -515,7 +566,11 @@ def read_events(table, model, compartments, observable=None, params=None, covari
                              "to tell which observable a DV row measures")
     else:
         key_col = None
-    used = {c for c in cols.values() if c is not None} | {key_col}
+    cens_col = flag_column(tab, censored, "CENS", "censored")
+    limit_col = flag_column(tab, limit, "LIMIT", "limit")
+    limits, lloq_col = lloq_values(tab, lloq)
+    used = {c for c in cols.values() if c is not None} | {key_col, cens_col, limit_col,
+                                                           lloq_col}
     cov_cols = _covariate_columns(covariates, tab, used)
 
     # Parse the columns (errors name the first bad entry).
@@ -530,7 +585,11 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     amt, evid = np.nan_to_num(num["AMT"]), np.nan_to_num(num["EVID"]).astype(np.int64)
     rate, dur, mdv, ii, addl, ss = (np.nan_to_num(num[r]) if r in num else zero
                                     for r in ("RATE", "DUR", "MDV", "II", "ADDL", "SS"))
-    dv = num["DV"]
+    observed = (evid == 0) & (mdv == 0)
+    dv, cens, row_lloq = read_censoring(tab, num["DV"], observed, cens_col, limit_col, limits,
+                                        lloq_col)
+    # censoring columns given (or found): Subject.censored / lloq say so, even if all 0
+    censoring = (cens, row_lloq) if cens_col is not None or limits is not None else None
     ids = [_key(v) for v in tab.raw[cols["ID"]]]
     cmt = [_key(v) for v in tab.raw[cols["CMT"]]] if cols["CMT"] is not None else None
     okey = [_key(v) for v in tab.raw[key_col]] if key_col is not None else None
@@ -571,18 +630,19 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         blocks.append([i])
 
     ctx = _Ctx(tab, cols, comp, (obs_kind, obs_names, obs_map), key_col, duplicates, reset,
-               (time, amt, evid, rate, dur, mdv, ii, addl, dv), cmt, okey)
-    subjects, no_data, late_obs = [], [], 0
+               (time, amt, evid, rate, dur, mdv, ii, addl, dv), cmt, okey, censoring)
+    subjects, no_data, late_obs, no_dv = [], [], 0, []
     varying = {}
     for rows in blocks:
         cov = _subject_covariates(tab, ids[rows[0]], rows, cov_cols, time_varying, varying)
         series = {} if time_varying is not True else \
             _covariate_series(tab, rows, cov_cols, time, interpolation)
         for occ, seg in enumerate(ctx.occasions(rows)):
-            doses, data, t_first, t_last, n_late = ctx.segment(seg)
+            doses, (data, flags, lim), t_first, t_last, n_late, empty = ctx.segment(seg)
             late_obs += n_late
             sid = ids[rows[0]]
             who = f"subject {sid!r}" + (f" occasion {occ}" if occ else "")
+            no_dv += [f"{who} {tab.labels[i]}" for i in empty]
             t_start = t_first if tspan is None else float(tspan[0])
             cov_k = _covariates_at(cov, series, t_start) if series else cov
             prob = _problem(model, doses, data, t_first, t_last, cov_k, who, params, u0, tspan,
@@ -590,12 +650,17 @@ def read_events(table, model, compartments, observable=None, params=None, covari
             if data is None:
                 no_data.append(who)
             subjects.append(Subject(sid, prob, data, cov_k, occ,
-                                    tuple(tab.labels[i] for i in seg), series))
+                                    tuple(tab.labels[i] for i in seg), series, flags, lim))
     if varying:
         desc = "; ".join(f"{c} (subjects {', '.join(map(repr, s[:5]))}"
                          f"{', ...' if len(s) > 5 else ''})" for c, s in varying.items())
         warnings.warn(f"read_events: covariates change within a subject; their first value is "
                       f"used: {desc}", UserWarning, stacklevel=2)
+    if no_dv:
+        warnings.warn(f"read_events: {len(no_dv)} observation record(s) (EVID 0, MDV not 1) "
+                      f"have no DV and are left out: {', '.join(no_dv[:5])}"
+                      f"{', ...' if len(no_dv) > 5 else ''}; set MDV = 1 on records that are "
+                      "not observations", UserWarning, stacklevel=2)
     if no_data:
         warnings.warn(f"read_events: {len(no_data)} subject(s) have no observations (their "
                       f"`data` is None): {', '.join(no_data[:5])}"
@@ -729,13 +794,14 @@ class _Ctx:
     """What `segment` needs to turn a subject's rows into doses and Data."""
 
     def __init__(self, tab, cols, comp, observables, key_col, duplicates, reset, arrays,
-                 cmt, okey):
+                 cmt, okey, censoring):
         self.tab, self.cols, self.comp = tab, cols, comp
         self.obs_kind, self.obs_names, self.obs_map = observables
         self.key_col, self.duplicates, self.reset = key_col, duplicates, reset
         (self.time, self.amt, self.evid, self.rate, self.dur, self.mdv, self.ii, self.addl,
          self.dv) = arrays
         self.cmt, self.okey = cmt, okey   # normalised CMT / observable-key values, or None
+        self.censoring = censoring        # (censored, limit) per row, or None
         self.dose_cmt = {}                # row -> compartment decoded from a classic EVID
 
     def occasions(self, rows):
@@ -775,9 +841,10 @@ class _Ctx:
         return e
 
     def segment(self, rows):
-        """(doses, Data or None, first time, last time, #observations before a same-time bolus)."""
+        """(doses, (Data, censored, lloq) or Nones, first time, last time, #observations
+        before a same-time bolus, observation records without DV)."""
         tab, cols = self.tab, self.cols
-        doses, obs, bolus_rows = [], [], {}
+        doses, obs, bolus_rows, empty = [], [], {}, []
         for i in rows:
             e = self._evid(i)
             if e in (1, 4):
@@ -790,11 +857,12 @@ class _Ctx:
                 raise ValueError(f"{tab.where(i, cols['AMT'])}: AMT {float(self.amt[i])!r} on "
                                  f"a row with EVID {e} (not a dose); use EVID 1 for a dose, AMT 0 "
                                  "or missing otherwise")
-            if e == 0 and self.mdv[i] == 0 and not math.isnan(self.dv[i]):
-                obs.append(i)
+            if e == 0 and self.mdv[i] == 0:
+                (empty if math.isnan(self.dv[i]) else obs).append(i)
         late = sum(1 for i in obs if self.time[i] in bolus_rows and i < bolus_rows[self.time[i]])
-        data = self._data(obs) if obs else None
-        return doses, data, float(self.time[rows[0]]), float(self.time[rows[-1]]), late
+        data = self._data(obs) if obs else (None, None, None)
+        return (doses, data, float(self.time[rows[0]]), float(self.time[rows[-1]]), late,
+                empty)
 
     def _dose(self, i):
         tab, cols = self.tab, self.cols
@@ -866,34 +934,52 @@ class _Ctx:
                 j = col_of[self.obs_map[k]]
             cells.setdefault((float(self.time[i]), j), []).append(i)
         times = sorted({t for t, _ in cells})
+        kw = {self.obs_kind: names}
         if self.duplicates == "keep":  # as many rows at a time as its most replicated column
             reps = {t: max(len(rs) for (tt, _), rs in cells.items() if tt == t) for t in times}
             first, times_k = {}, []
             for t in times:
                 first[t] = len(times_k)
                 times_k += [t] * reps[t]
-            y = np.full((len(times_k), len(names)), np.nan)
+            at = np.full((len(times_k), len(names)), -1)  # the row of each value
             for (t, j), rs in cells.items():
-                for r, i in enumerate(rs):
-                    y[first[t] + r, j] = float(self.dv[i])
-            return Data(np.array(times_k), y, repeated_times=True, **{self.obs_kind: names})
+                at[first[t]:first[t] + len(rs), j] = rs
+            y = np.where(at >= 0, self.dv[at], np.nan)
+            data = Data(np.array(times_k), y, repeated_times=True, **kw)
+            return (data,) + self._censoring_of(at)
         row_of = {t: r for r, t in enumerate(times)}
-        y = np.full((len(times), len(names)), np.nan)
+        at = np.full((len(times), len(names)), -1)
+        y = np.full(at.shape, np.nan)
         w = np.ones_like(y)
         merged = False
         for (t, j), rs in cells.items():
+            at[row_of[t], j] = rs[0]
             if len(rs) > 1:
                 if self.duplicates == "error":
                     raise ValueError(f"{tab.where(rs[1], cols['DV'])}: a second observation of "
                                      f"{names[j]!r} at time {t!r} (also at {tab.labels[rs[0]]}); "
-                                     "pass duplicates='mean' to merge replicates into their "
-                                     "mean (weighted by their count), duplicates='keep' to "
-                                     "keep each (sciml.nlme), or remove them")
+                                     "pass duplicates='keep' to keep each (NONMEM's reading, "
+                                     "sciml.nlme), duplicates='mean' to merge replicates into "
+                                     "their mean (weighted by their count), or remove them")
+                if self.censoring is not None and self.censoring[0][rs].any():
+                    c = rs[int(np.argmax(self.censoring[0][rs]))]
+                    raise ValueError(f"{tab.where(c, cols['DV'])}: a censored replicate of "
+                                     f"{names[j]!r} at time {t!r}: duplicates='mean' cannot "
+                                     "average a value below the limit; use duplicates='keep'")
                 merged = True
                 w[row_of[t], j] = len(rs)
             y[row_of[t], j] = float(np.mean(self.dv[rs]))
-        kw = {self.obs_kind: names}
-        return Data(np.array(times), y, weights=w if merged else None, **kw)
+        data = Data(np.array(times), y, weights=w if merged else None, **kw)
+        return (data,) + self._censoring_of(at)
+
+    def _censoring_of(self, at):
+        """``(censored, lloq)`` shaped as the Data's ``y`` (``at``: the row of each value,
+        -1 where none), or Nones when the table says nothing of censoring."""
+        if self.censoring is None:
+            return None, None
+        cens, lloq = self.censoring
+        has = at >= 0
+        return has & cens[at], np.where(has, lloq[at], np.nan)
 
 
 def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, rules,

@@ -14,6 +14,7 @@ import copy
 import math
 import os
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -218,7 +219,12 @@ class NLME:
         ``lloq``: a lower limit of quantification, one number for every observed quantity
         or ``{observable: limit}``; an observation below it is censored (M3, as nlmixr2's
         ``CENS = 1``: it counts as the probability of being below the limit, its value
-        replaced by the limit)."""
+        replaced by the limit). Observations the table censored (`read_events`'
+        ``censored=`` / ``lloq=``: `sciml.data.Subject.censored`) are censored as well,
+        at their own limits.
+
+        Subjects without observations (``data`` None) are left out with a warning: they
+        contribute nothing, as in NONMEM."""
         if not isinstance(subjects, (list, tuple)) or not subjects:
             raise TypeError("NLME: `subjects` must be a non-empty list of sciml.data.Subject "
                             "(from sciml.data.read_events)")
@@ -230,16 +236,29 @@ class NLME:
                                  f"error={{{name!r}: sciml.nlme.Additive(sd)}}")
             return self.error_names.index(name)
 
+        empty = [s for s in subjects if getattr(s, "data", None) is None
+                 and getattr(s, "problem", None) is not None]
+        if empty:
+            # NONMEM includes such a subject with no data contribution; so does dropping it
+            warnings.warn(f"NLME: {len(empty)} subject(s) have no observations and contribute "
+                          f"nothing: {', '.join(repr(s.id) for s in empty[:5])}"
+                          f"{', ...' if len(empty) > 5 else ''}", UserWarning, stacklevel=3)
+            subjects = [s for s in subjects if all(s is not e for e in empty)]
+            if not subjects:
+                raise ValueError("NLME: no subject has observations")
         fits = [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
                            max_steps) for s in subjects]
         limits = self._limits(lloq)
         if limits is not None:
             for sf in fits:
                 c = limits[sf.err_index]
-                cens = sf.y < c
-                if cens.any():
-                    sf.y = np.where(cens, c, sf.y)
-                    sf.cens = cens
+                # a value the table already censored keeps its own limit (its y)
+                flagged = np.zeros(sf.y.shape[0], bool) if sf.cens is None else sf.cens
+                below = (sf.y < c) & ~flagged
+                if below.any():
+                    sf.y = np.where(below, c, sf.y)
+                    sf.cens = below | flagged
+                sf.lloq = np.where(flagged, sf.lloq, np.maximum(sf.lloq, c))
         return fits
 
     def _limits(self, lloq):
@@ -347,14 +366,71 @@ class NLME:
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)
+        x = self._given(theta, omega, sigma, nets)
+        k = len(self.eta_names)
+        return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
+
+    def simulate(self, subjects, theta=None, omega=None, sigma=None, n=100, seed=0, *,
+                 nets=None, **solve):
+        """Simulate ``n`` replicates of a study from its design, at given parameters (no
+        fit needed): new random effects from ``N(0, omega)`` per subject and replicate, new
+        residuals from the error models (`simulate.replicates`).
+
+        Parameters
+        ----------
+        subjects : list of sciml.data.Subject
+            The design: each subject's doses, covariates and observation records (their
+            times and observables; the DV values are not used). Subjects without
+            observations are left out, with a warning.
+        theta, omega, sigma, nets
+            As in `objective` (each defaults to the initial values).
+        n : int
+            Replicates (>= 1).
+        seed : int
+            Seed of `numpy.random.default_rng`: the same seed, the same study.
+        **solve
+            ``solver``, ``rtol``, ``atol``, ``max_steps``; ``lloq`` (a number or
+            ``{observable: limit}``): simulated values below it are censored as nlmixr2
+            marks them, ``CENS = 1`` and ``DV`` the limit (the limits read by
+            `read_events` from ``lloq=`` / ``censored=`` apply as well).
+
+        Returns
+        -------
+        pandas.DataFrame (a dict of arrays without pandas)
+            One row per replicate and observation record, replicates stacked in order:
+            ``SIM`` (1..n), ``ID``, ``TIME``, ``OBS``, ``DV``, ``CENS``, ``IPRED``,
+            ``PRED`` (eta = 0) and ``eta.<name>``.
+
+        Examples
+        --------
+        >>> sim = pop.simulate(subjects, theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+        ...                    n=500, seed=1)
+        >>> sim.groupby("TIME")["DV"].quantile([0.05, 0.5, 0.95])
+        """
+        from .simulate import replicates, table
+
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"NLME.simulate: `n` (replicates) must be an int >= 1, got {n!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(
+                seed, (int, np.integer)) or seed < 0):
+            raise ValueError(f"NLME.simulate: `seed` must be an int >= 0 (or None), got "
+                             f"{seed!r}")
+        x = self._given(theta, omega, sigma, nets)
+        fits = self.prepare(subjects, **solve)
+        return table(self, fits, replicates(self, fits, x, int(n), seed))
+
+    def _given(self, theta, omega, sigma, nets):
+        """The unconstrained vector of given values (`objective`'s arguments)."""
         nt = len(self.theta_names)
         th, w = self._with_nets(nets, np.concatenate([
             self._vector(theta, self.theta_names, self.theta0[:nt], "theta"),
             self.theta0[nt:]]))
-        x = self.pack(th, self._blocks_of(omega),
-                      self._vector(sigma, self.sigma_names, self.sigma0, "sigma"), w)
-        k = len(self.eta_names)
-        return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
+        sd = self._vector(sigma, self.sigma_names, self.sigma0, "sigma")
+        if np.any(sd <= 0):
+            bad = self.sigma_names[int(np.argmax(sd <= 0))]
+            raise ValueError(f"NLME: `sigma[{bad!r}]` must be a standard deviation > 0, got "
+                             f"{sd[self.sigma_names.index(bad)]!r}")
+        return self.pack(th, self._blocks_of(omega), sd, w)
 
     @staticmethod
     def _vector(values, names, defaults, kind):
@@ -367,8 +443,20 @@ class NLME:
             if unknown:
                 raise ValueError(f"NLME: unknown {kind} {sorted(unknown)}; {kind}s: "
                                  f"{', '.join(names)}")
-            return np.array([values.get(n, v) for n, v in zip(names, defaults)], dtype=float)
-        return np.array(values, dtype=float).reshape(len(names))
+            out = np.array([_number(values.get(n, v), f"{kind}[{n!r}]")
+                            for n, v in zip(names, defaults)])
+        else:
+            try:
+                out = np.array(values, dtype=float)
+            except (TypeError, ValueError):
+                raise TypeError(f"NLME: `{kind}` must be a dict by name or {len(names)} "
+                                f"numbers ({', '.join(names)}), got {values!r}") from None
+            if out.shape != (len(names),):
+                raise ValueError(f"NLME: `{kind}` must have {len(names)} values "
+                                 f"({', '.join(names)}), got shape {out.shape}")
+            if not np.all(np.isfinite(out)):
+                raise ValueError(f"NLME: `{kind}` must be finite, got {out.tolist()}")
+        return out
 
     def _with_nets(self, nets, theta):
         """``(theta, model network weights)`` with the weights given in ``nets`` by network
@@ -395,6 +483,12 @@ class NLME:
     def _blocks_of(self, omega):
         if omega is None:
             return [m for _, m in self.blocks]
+        if not isinstance(omega, dict):
+            try:
+                omega = np.array(omega, dtype=float)
+            except (TypeError, ValueError):
+                raise TypeError(f"NLME: `omega` must be a dict as in the constructor or an "
+                                f"(n_eta, n_eta) matrix, got {omega!r}") from None
         if isinstance(omega, np.ndarray):
             k = len(self.eta_names)
             if omega.shape != (k, k):

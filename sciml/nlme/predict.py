@@ -58,9 +58,17 @@ class SubjectFit:
         names = data.names if data.names is not None else \
             (model.states if data.kind == "states" else model.obs_names)
         self.err_index = np.array([error_of_column(names[j]) for j in c], dtype=np.int64)
-        # M3 (`NLME(lloq=...)`): which observations are below their limit (``y`` then holds
-        # the limit); None when none is
-        self.cens = None
+        # M3: which observations are below their limit (``y`` then holds the limit; None
+        # when none is), and each observation's limit (-inf: none), which simulated values
+        # are censored at: from the table (`read_events(censored=, lloq=)`), raised by
+        # `NLME.prepare(lloq=)`
+        flags = getattr(subject, "censored", None)
+        self.cens = None if flags is None or not flags[q, c].any() else flags[q, c].copy()
+        limits = getattr(subject, "lloq", None)
+        self.lloq = np.full(self.y.shape[0], -np.inf) if limits is None else \
+            np.array(limits[q, c], dtype=float)
+        if self.cens is not None:
+            self.lloq[self.cens] = self.y[self.cens]
         self.job = Job(prob, prob.params.copy(), common.schedule(prob), solver, rtol,
                        check_atol(atol, model.n_states), None, max_steps, data.t)
         self.kern = prob.kernel_table("obs", "obs_vjp") if self.kind == "observables" else None

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .likelihood import Subject, variances
+from .likelihood import Subject
 
 __all__ = ["NLMEFit"]
 
@@ -234,26 +234,21 @@ class NLMEFit:
                              f"{', '.join(names)}")
         return np.array(self._columns()["OBS"]) == observable
 
-    def simulate(self, n_sim=200, seed=0):
-        """Replicates of the observations from the fitted model: ``(n_sim, n_obs)``, in the
-        table's order (new etas from N(0, omega), new residuals from the error models)."""
-        pop = self.pop
-        theta, blocks, sigma = pop.unpack(self._x)
-        omega = pop._omega_matrix(blocks)
-        sds = pop._sd_per_error(sigma)
-        rng = np.random.default_rng(seed)
-        L = np.linalg.cholesky(omega)
-        out = np.empty((int(n_sim), self.n_obs))
-        for r in range(out.shape[0]):
-            o = 0
-            for sf in self._fits:
-                eta = L @ rng.standard_normal(L.shape[0])
-                f, _ = sf.predict(pop.individual.values(theta, eta, sf.cov), False,
-                                  pop.weights(self._x), pop.weight_index)
-                R = variances(pop.errors, sds, sf.err_index, f)[0]
-                out[r, o:o + f.shape[0]] = f + np.sqrt(R) * rng.standard_normal(f.shape[0])
-                o += f.shape[0]
-        return out
+    def simulate(self, n_sim=200, seed=0, table=False):
+        """Replicates of the observations from the fitted model (new etas from N(0, omega),
+        new residuals from the error models; values below the fit's limits of
+        quantification censored at them), by `NLME.simulate`'s code.
+
+        Returns ``(n_sim, n_obs)`` simulated DVs in the table's order, or with ``table``
+        the event-table layout of `NLME.simulate` (the same numbers for the same seed).
+        """
+        from .simulate import replicates
+        from .simulate import table as layout
+
+        if isinstance(n_sim, bool) or not isinstance(n_sim, (int, np.integer)) or n_sim < 1:
+            raise ValueError(f"NLMEFit.simulate: `n_sim` must be an int >= 1, got {n_sim!r}")
+        sims = replicates(self.pop, self._fits, self._x, int(n_sim), seed)
+        return layout(self.pop, self._fits, sims) if table else sims.dv
 
     def npde(self, n_sim=1000, seed=0):
         """Normalised prediction distribution errors, per observation in the table's order.

@@ -159,7 +159,8 @@ def test_warfarin_two_observables_covariates_and_replicates():
     m, theta = _warfarin_model()
     kw = dict(compartments={1: "depot"}, observable={"cp": "conc", "pca": "effect"},
               params=theta, u0=lambda cov: [0.0, 0.0, 100.0])
-    msg = str(pytest.raises(ValueError, read_events, str(WARFARIN), m, **kw).value)
+    msg = str(pytest.raises(ValueError, read_events, str(WARFARIN), m, duplicates="error",
+                            **kw).value)
     assert "a second observation of 'conc' at time 3.0" in msg and "line 152" in msg
     subjects = read_events(str(WARFARIN), m, duplicates="mean", **kw)
     assert len(subjects) == len({r["id"] for r in rows}) == 32
@@ -277,7 +278,10 @@ def test_evid_2_and_resets():
 
 
 def test_mdv_missing_dv_and_subjects_without_observations():
-    subs = read(table(MDV=[0, 1, 0, 0, 0, 0, 0], DV=[".", 1.2, 2.0, ".", 0, 0.9, 0.7]))
+    # row 3 is an observation record without DV: left out, said by subject and row
+    with pytest.warns(UserWarning, match=r"1 observation record\(s\) \(EVID 0, MDV not 1\) "
+                                         r"have no DV and are left out: subject 1 row 3;"):
+        subs = read(table(MDV=[0, 1, 0, 0, 0, 0, 0], DV=[".", 1.2, 2.0, ".", 0, 0.9, 0.7]))
     np.testing.assert_array_equal(subs[0].data.t, [1.0])
     tab = table(EVID=[1, 0, 0, 0, 1, 2, 2], DV=[".", 1.2, 2.0, 1.1, 0, ".", "."])
     with pytest.warns(UserWarning, match=r"1 subject\(s\) have no observations.*subject 2"):
@@ -386,6 +390,7 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="`table` must be a pandas DataFrame, a CSV path"):
         read(42)
     dup = table(TIME=[0.0, 0.5, 1.0, 1.0, 0.0, 1.0, 2.0])
-    raises(dup, "row 3, column 'DV': a second observation of 'conc' at time 1.0 (also at row 2)")
+    raises(dup, "row 3, column 'DV': a second observation of 'conc' at time 1.0 (also at row 2)",
+           duplicates="error")
     (s,) = read(dup, duplicates="mean")[:1]
     assert isinstance(s, Subject) and s.data.y[1, 0] == pytest.approx(1.55)

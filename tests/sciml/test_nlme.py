@@ -303,9 +303,9 @@ def test_replicate_observations_count_each_as_nonmem_does():
     table = {"ID": [1] * 5, "TIME": [0.0, 1.0, 1.0, 2.0, 4.0], "AMT": [100.0, 0, 0, 0, 0],
              "DV": [0.0, 2.0, 2.4, 3.0, 2.5], "EVID": [101, 0, 0, 0, 0]}
     with pytest.raises(ValueError, match="a second observation of 'cp' at time 1.0"):
-        read_events(table, THEO, {1: "depot"}, "cp", params=[1.0, 1.0, 1.0])
-    (s,) = read_events(table, THEO, {1: "depot"}, "cp", params=[1.0, 1.0, 1.0],
-                       duplicates="keep")
+        read_events(table, THEO, {1: "depot"}, "cp", params=[1.0, 1.0, 1.0],
+                    duplicates="error")
+    (s,) = read_events(table, THEO, {1: "depot"}, "cp", params=[1.0, 1.0, 1.0])  # kept
     np.testing.assert_array_equal(s.data.t, [1.0, 1.0, 2.0, 4.0])
     np.testing.assert_array_equal(s.data.y[:, 0], [2.0, 2.4, 3.0, 2.5])
     with pytest.raises(ValueError, match="rows sharing a time"):
