@@ -1,6 +1,6 @@
 """The default method: chosen from the solver and the sizes of the problem."""
 
-from .continuous import GaussAdjoint
+from .continuous import GaussAdjoint, InterpolatingAdjoint
 from .discrete import DiscreteAdjoint
 from .forward import ForwardSensitivity
 
@@ -8,6 +8,8 @@ from .forward import ForwardSensitivity
 FORWARD_MAX_PARAMS = 16
 #: at most this many states -> the discrete adjoint (its memory: steps x stages x states)
 DISCRETE_MAX_STATES = 64
+#: ... and, with a stiff solver, at most this many states for forward sensitivities
+FORWARD_MAX_STIFF_STATES = 64
 
 
 def default_sensealg(model, solver=None):
@@ -15,11 +17,16 @@ def default_sensealg(model, solver=None):
 
     Rule, first match:
 
-    1. at most ``FORWARD_MAX_PARAMS`` (16) parameters -> `ForwardSensitivity`:
-       n x n_params extra states cost less than a backward pass
-       (mechanistic PK/PD models, stiff ones with `Rodas5` included);
-    2. a stiff (Rosenbrock) solver -> `GaussAdjoint`, whose backward solve is
-       stiff too and controls the error of lambda alone;
+    1. at most ``FORWARD_MAX_PARAMS`` (16) parameters, and for a stiff solver at
+       most ``FORWARD_MAX_STIFF_STATES`` (64) states -> `ForwardSensitivity`:
+       n x n_params extra states cost less than a backward pass (mechanistic
+       PK/PD models, stiff ones included); a large stiff system is left to an
+       adjoint, since the augmented system's Newton solves and its dense
+       Jacobian-sensitivity products grow with n^2 x n_params;
+    2. a stiff solver -> `GaussAdjoint` (with `BDF`, `InterpolatingAdjoint`: the
+       quadrature needs a one-step method's stages), whose backward solve is
+       stiff too, on the forward's linear solves (sparse for a large model),
+       and controls the error of lambda alone;
     3. at most ``DISCRETE_MAX_STATES`` (64) states -> `DiscreteAdjoint`: one
        vector-Jacobian product per forward stage and no backward error
        control, the fastest here on small UDEs and neural ODEs (4x faster
@@ -30,10 +37,12 @@ def default_sensealg(model, solver=None):
        error control on the n adjoint states however many weights there are.
     """
     stiff = solver is not None and solver.stiff
-    if model.n_params <= FORWARD_MAX_PARAMS and (not stiff or model.has_kernel("hvp")):
+    small = model.n_states <= FORWARD_MAX_STIFF_STATES
+    if model.n_params <= FORWARD_MAX_PARAMS and (not stiff or (model.has_kernel("hvp") and small)):
         return ForwardSensitivity()
-    if solver is not None and solver.stiff:
-        return GaussAdjoint()
+    if stiff:
+        ok = getattr(solver, "sensitivities", True)
+        return GaussAdjoint() if ok is True or "GaussAdjoint" in ok else InterpolatingAdjoint()
     if model.n_states <= DISCRETE_MAX_STATES:
         return DiscreteAdjoint()
     return GaussAdjoint()

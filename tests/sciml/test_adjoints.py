@@ -212,6 +212,13 @@ def test_default_method_follows_the_rule():
     assert isinstance(adjoints.default_sensealg(sp.model, sciml.Rodas5()), adjoints.GaussAdjoint)
     big = SimpleNamespace(n_states=80, n_params=1000)  # the rule reads only the sizes
     assert isinstance(adjoints.default_sensealg(big), adjoints.GaussAdjoint)
+    # a large stiff system with few parameters: an adjoint, not n x n_params sensitivities
+    large = SimpleNamespace(n_states=300, n_params=3, has_kernel=lambda k: True)
+    assert isinstance(adjoints.default_sensealg(large, sciml.Rodas5()), adjoints.GaussAdjoint)
+    assert isinstance(adjoints.default_sensealg(large, sciml.BDF()),
+                      adjoints.InterpolatingAdjoint)
+    small = SimpleNamespace(n_states=3, n_params=3, has_kernel=lambda k: True)
+    assert isinstance(adjoints.default_sensealg(small, sciml.BDF()), adjoints.ForwardSensitivity)
 
 
 def test_a_failed_solve_gives_an_infinite_loss_and_a_warning():
