@@ -518,17 +518,17 @@ class Model:
             fset.pattern = fset.gen.sparsity()
         return fset.pattern
 
-    def _sparse_lu(self):
-        """The sparse LU's analysis of this model's pattern (`solvers.kernels.sparse`),
-        computed once."""
+    def _sparse_lu(self, ordering="mmd"):
+        """The sparse LU's analysis of this model's pattern with ``ordering``
+        (`solvers.kernels.sparse.analyse`), computed once."""
         with self._asm._lock:
-            s = getattr(self, "_lu_analysis", None)
-            if s is None:
+            done = self.__dict__.setdefault("_lu_analysis", {})
+            if ordering not in done:
                 from sciml.solvers.kernels.sparse import analyse
 
                 indptr, indices = self._pattern()
-                s = self._lu_analysis = analyse(indptr, indices, self.n_states)
-        return s
+                done[ordering] = analyse(indptr, indices, self.n_states, ordering)
+        return done[ordering]
 
     def _sparse_jacobian(self):
         """Whether the model has a kernel for its Jacobian's values on `jac_sparsity` (a

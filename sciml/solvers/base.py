@@ -95,7 +95,7 @@ class Solver:
     def kernels(self, model):
         """The model kernels a forward solve of ``model`` calls: `needs`, with the
         Jacobian's values on its pattern instead of the dense one for a sparse solve."""
-        if self.stiff and common.linsolve_kind(model, self.linsolve) == "sparse":
+        if self.stiff and common.linsolve_kind(model, self.linsolve) != "dense":
             return tuple("spjac" if k == "jac" else k for k in self.needs)
         return self.needs
 

@@ -35,7 +35,7 @@ class BDF(Solver):
     ndf : bool
         The NDFs (default; more accurate at the same cost); False: the classical
         BDFs.
-    linsolve : {"auto", "dense", "sparse"}
+    linsolve : {"auto", "dense", "sparse", "banded"}
         How ``I - c J`` is factored (see `Rodas5`).
 
     Notes

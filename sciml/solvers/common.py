@@ -77,7 +77,7 @@ def schedule(prob):
                     da.bolus_a[keep].astype(np.float64))
 
 
-LINSOLVES = ("auto", "dense", "sparse")
+LINSOLVES = ("auto", "dense", "sparse", "banded")
 
 # "auto" factors densely below this many states (Robertson blocks: equal at 3 states, the
 # sparse LU 2x faster at 30 and 5x at 90, on these machines)
@@ -87,21 +87,21 @@ AUTO_SPARSE_FILL = 0.25
 
 
 def linsolve_kind(model, linsolve):
-    """``"dense"`` or ``"sparse"``: what `linear_algebra` builds for ``model`` when a solver
-    asks for ``linsolve`` (one of `LINSOLVES`)."""
+    """``"dense"``, ``"sparse"`` or ``"banded"``: what `linear_algebra` builds for ``model``
+    when a solver asks for ``linsolve`` (one of `LINSOLVES`)."""
     if linsolve == "dense":
         return "dense"
     n = model.n_states
     if linsolve == "auto" and n < AUTO_SPARSE_MIN:
         return "dense"
     if not model._sparse_jacobian():
-        if linsolve == "sparse":
-            raise ValueError("linsolve='sparse' needs the Jacobian's values on its sparsity "
+        if linsolve != "auto":
+            raise ValueError(f"linsolve={linsolve!r} needs the Jacobian's values on its sparsity "
                              "pattern: a model from hand-written kernels, or one whose networks "
                              "read the states, has only the dense Jacobian; use 'dense'")
         return "dense"
-    if linsolve == "sparse":
-        return "sparse"
+    if linsolve in ("sparse", "banded"):
+        return linsolve
     return "sparse" if model._sparse_lu().idx.shape[0] <= AUTO_SPARSE_FILL * n * n \
         else "dense"
 
@@ -112,9 +112,10 @@ def linear_algebra(model, linsolve):
     analysis shared, its values this solve's own)."""
     n = model.n_states
     mass = _NO_FLOAT if model.mass_matrix is None else model.mass_matrix
-    if linsolve_kind(model, linsolve) == "dense":
+    kind = linsolve_kind(model, linsolve)
+    if kind == "dense":
         return lin(n, mass)
-    s = model._sparse_lu()
+    s = model._sparse_lu("rcm" if kind == "banded" else "mmd")
     nnz = s.idx.shape[0]
     return s._replace(Jx=np.zeros(s.jidx.shape[0]), mass=mass, LU1=np.zeros(nnz),
                       LU2=np.zeros(nnz), w=np.zeros(n))

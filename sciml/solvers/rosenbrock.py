@@ -38,10 +38,12 @@ class Rodas5(Solver):
         Weight of the previous error in the PI controller (0: plain
         controller); the current error's exponent is
         ``beta1 = 1/5 - 0.75 * beta2``, as for the explicit solvers.
-    linsolve : {"auto", "dense", "sparse"}
+    linsolve : {"auto", "dense", "sparse", "banded"}
         How W is factored: a dense LU, or a sparse LU on the Jacobian's pattern
         from the trace (`Model.jac_sparsity`: one fill-reducing analysis per
-        model, then numeric refactorisation each step). ``"auto"`` is dense below
+        model, then numeric refactorisation each step); ``"banded"`` is that LU
+        after a bandwidth-reducing ordering (reverse Cuthill-McKee), its fill
+        confined to the band (for 1-D grids and chains). ``"auto"`` is dense below
         `common.AUTO_SPARSE_MIN` states and sparse above while the factors stay
         sparse (`common.AUTO_SPARSE_FILL`). Sensitivity methods factor densely
         for now.

@@ -213,3 +213,36 @@ def test_factor_with_a_mass_diagonal(rng):
     x = b.copy()
     sparse.solve(s2, s2.LU1, x)
     np.testing.assert_allclose(x, np.linalg.solve(7.0 * np.diag(mass) - J, b), rtol=1e-10)
+
+
+def test_banded_fill_stays_in_the_band(rng):
+    """A shuffled pentadiagonal matrix: reverse Cuthill-McKee finds its band again and the
+    factors fill nothing outside it."""
+    n, b = 200, 2
+    A = sp.diags_array([np.ones(n - abs(k)) for k in range(-b, b + 1)], offsets=range(-b, b + 1),
+                       shape=(n, n)).tocsr()
+    shuffle = rng.permutation(n)
+    A = A[shuffle][:, shuffle].tocsr()
+    A.sort_indices()
+    s = sparse.analyse(A.indptr, A.indices, n, ordering="rcm")
+    rows = np.repeat(np.arange(n), np.diff(s.ptr))
+    assert np.abs(s.idx - rows).max() <= b  # every stored entry within the band
+    s.Jx[:] = rng.normal(size=A.nnz)
+    assert sparse.factor(s, s.LU1, 30.0, -1.0)
+    W = 30.0 * np.eye(n) - sp.csr_array((s.Jx, A.indices, A.indptr), shape=(n, n)).toarray()
+    x = rng.normal(size=n)
+    y = x.copy()
+    sparse.solve(s, s.LU1, y)
+    np.testing.assert_allclose(W @ y, x, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("solver", [sciml.Rodas5, sciml.BDF])
+def test_banded_solves_agree_with_dense(solver):
+    model = brusselator_1d(40)
+    u0 = np.concatenate([1 + np.sin(2 * np.pi * np.arange(1, 41) / 41), np.full(40, 3.0)])
+    prob = sciml.ODEProblem(model, u0=u0, tspan=(0.0, 10.0), params=np.array([0.02]))
+    kw = dict(rtol=1e-7, atol=1e-10, saveat=np.linspace(1.0, 10.0, 10))
+    a = sciml.solve(prob, solver(linsolve="banded"), **kw)
+    b = sciml.solve(prob, solver(linsolve="dense"), **kw)
+    assert a.stats["n_accepted"] == b.stats["n_accepted"]
+    np.testing.assert_allclose(np.asarray(a.u), np.asarray(b.u), rtol=1e-9, atol=1e-12)

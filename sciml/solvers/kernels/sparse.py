@@ -111,9 +111,15 @@ def symbolic(bptr, bidx, n):
     return ptr, idx[:nnz].copy(), diag
 
 
-def analyse(jptr, jidx, n):
-    """The `SparseLU` structure for J's CSR pattern ``(jptr, jidx)`` (n x n)."""
+def analyse(jptr, jidx, n, ordering="mmd"):
+    """The `SparseLU` structure for J's CSR pattern ``(jptr, jidx)`` (n x n).
+
+    ``ordering``: ``"mmd"`` (minimum degree on A^T + A, the least fill in general) or
+    ``"rcm"`` (reverse Cuthill-McKee: the smallest band, inside which all fill stays:
+    the banded LU of a banded matrix, any matrix made banded first).
+    """
     import scipy.sparse as sp
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
     from scipy.sparse.linalg import splu
 
     jptr = np.ascontiguousarray(jptr, dtype=np.int64)
@@ -121,7 +127,9 @@ def analyse(jptr, jidx, n):
     A = sp.csr_array((np.ones(jidx.shape[0]), jidx, jptr), shape=(n, n))
     S = (A + A.T + sp.eye_array(n, format="csr")).tocsc()
     S.data[:] = 1.0
-    if n > 2:
+    if ordering == "rcm":
+        perm = reverse_cuthill_mckee(S.tocsr(), symmetric_mode=True).astype(np.int64)
+    elif n > 2:
         # Only the column ordering is wanted; a diagonally dominant matrix on the
         # symmetric pattern keeps SuperLU's pivots on the diagonal.
         S.setdiag(float(n + 1))
