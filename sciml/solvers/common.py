@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kernels import krylov
 from .kernels.structs import Lin, Model, lin
 from .kernels.system import Forward, Infused
 
@@ -77,7 +78,7 @@ def schedule(prob):
                     da.bolus_a[keep].astype(np.float64))
 
 
-LINSOLVES = ("auto", "dense", "sparse", "banded")
+LINSOLVES = ("auto", "dense", "sparse", "banded", "krylov")
 
 # "auto" factors densely below this many states (Robertson blocks: equal at 3 states, the
 # sparse LU 2x faster at 30 and 5x at 90, on these machines)
@@ -100,7 +101,7 @@ def linsolve_kind(model, linsolve):
                              "pattern: a model from hand-written kernels, or one whose networks "
                              "read the states, has only the dense Jacobian; use 'dense'")
         return "dense"
-    if linsolve in ("sparse", "banded"):
+    if linsolve in ("sparse", "banded", "krylov"):
         return linsolve
     return "sparse" if model._sparse_lu().idx.shape[0] <= AUTO_SPARSE_FILL * n * n \
         else "dense"
@@ -115,10 +116,11 @@ def linear_algebra(model, linsolve):
     kind = linsolve_kind(model, linsolve)
     if kind == "dense":
         return lin(n, mass)
-    s = model._sparse_lu("rcm" if kind == "banded" else "mmd")
+    s = model._sparse_lu({"banded": "rcm", "krylov": "ilu0"}.get(kind, "mmd"))
     nnz = s.idx.shape[0]
-    return s._replace(Jx=np.zeros(s.jidx.shape[0]), mass=mass, LU1=np.zeros(nnz),
-                      LU2=np.zeros(nnz), w=np.zeros(n))
+    s = s._replace(Jx=np.zeros(s.jidx.shape[0]), mass=mass, LU1=np.zeros(nnz),
+                   LU2=np.zeros(nnz), w=np.zeros(n))
+    return krylov.build(s) if kind == "krylov" else s
 
 
 def consistent(model, u0, p, t0, tol=1e-12, max_iter=50):

@@ -246,3 +246,56 @@ def test_banded_solves_agree_with_dense(solver):
     b = sciml.solve(prob, solver(linsolve="dense"), **kw)
     assert a.stats["n_accepted"] == b.stats["n_accepted"]
     np.testing.assert_allclose(np.asarray(a.u), np.asarray(b.u), rtol=1e-9, atol=1e-12)
+
+
+# ---------------------------------------------------------------- Krylov
+
+
+def _krylov(rng, n, density):
+    from sciml.solvers.kernels import krylov
+
+    A = sp.random_array((n, n), density=density, random_state=rng, format="csr")
+    A.sort_indices()
+    s = sparse.analyse(A.indptr, A.indices, n, ordering="ilu0")
+    s.Jx[:] = A.data
+    return krylov, krylov.build(s, restart=10, tol=1e-12), A.toarray()
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_gmres_against_numpy(rng, transposed):
+    krylov, k, J = _krylov(rng, 80, 0.05)
+    ihg, sign = 4.0, -1.0
+    assert krylov.ilu0(k.pre, k.pre.LU1, ihg, sign, k.mark)
+    W = ihg * np.eye(80) + sign * J
+    b = rng.normal(size=80)
+    x = b.copy()
+    products = krylov.gmres(k, k.pre.LU1, ihg, sign, x, transposed)
+    assert products > 0  # an incomplete factorisation: GMRES has work to do
+    np.testing.assert_allclose(x, np.linalg.solve(W.T if transposed else W, b), rtol=1e-9,
+                               atol=1e-12)
+
+
+def test_ilu0_keeps_the_pattern_and_is_exact_without_fill(rng):
+    krylov, k, J = _krylov(rng, 30, 0.0)  # J = 0: W diagonal, ILU(0) is its LU
+    assert krylov.ilu0(k.pre, k.pre.LU1, 2.0, -1.0, k.mark)
+    assert k.pre.idx.shape[0] == 30
+    np.testing.assert_allclose(k.pre.LU1, 2.0)
+
+
+@pytest.mark.parametrize("solver", [sciml.Rodas5, sciml.BDF])
+def test_krylov_solves_agree_with_dense(solver):
+    model = brusselator_1d(40)
+    u0 = np.concatenate([1 + np.sin(2 * np.pi * np.arange(1, 41) / 41), np.full(40, 3.0)])
+    prob = sciml.ODEProblem(model, u0=u0, tspan=(0.0, 10.0), params=np.array([0.02]))
+    kw = dict(rtol=1e-7, atol=1e-10, saveat=np.linspace(1.0, 10.0, 10))
+    a = sciml.solve(prob, solver(linsolve="krylov"), **kw)
+    b = sciml.solve(prob, solver(linsolve="dense"), **kw)
+    assert a.success
+    np.testing.assert_allclose(np.asarray(a.u), np.asarray(b.u), rtol=1e-6, atol=1e-9)
+
+
+def test_a_gradient_through_krylov_solves(bruss50):
+    prob, data, theta, fd = bruss50
+    _, g = sciml.loss_and_grad(prob, data, solver=sciml.Rodas5(linsolve="krylov"),
+                               sensealg=adjoints.GaussAdjoint(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g, fd, rtol=1e-6)

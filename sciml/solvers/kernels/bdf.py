@@ -13,11 +13,14 @@ A step of order k from t with step h:
 - corrector: simplified Newton on ``d = y - y0`` solving
   ``d - c f(t + h, y0 + d) + psi = 0`` with ``c = h / alpha_k``, using
   ``(I - c J)`` with J kept across steps: J is refreshed only when Newton
-  fails to converge with an old one, the factorisation whenever c changes;
+  fails to converge with an old one, the factorisation when an accepted step
+  changes c or Newton fails (a step retried after its error test keeps it, as
+  scipy's BDF does: the residual uses the new c, the iteration matrix the old);
 - local error ``err = error_k * d``, weighted RMS norm as every loop's;
 - on acceptance the differences are updated from ``d``; after k + 1 steps of
   the same size the order may move by one where the error estimates at
-  orders k - 1 and k + 1 allow a larger step.
+  orders k - 1 and k + 1 allow a larger step; the safety factor on every new step
+  falls with the Newton iterations the last one took (as in Hairer's RADAU5).
 
 ``alpha_k = (1 - kappa_k) gamma_k``, ``gamma_k = sum_{j<=k} 1/j``, ``error_k =
 kappa_k gamma_k + 1 / (k + 1)``; ``kappa = (0, -0.185, -1/9, -0.0823,
@@ -235,8 +238,8 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
             need_jac = False
             jac_current = True
             lu_stale = True
+        c = h / alpha[order]
         if lu_stale:
-            c = h / alpha[order]
             nlu += 1
             if not sys_factor(sys, 1.0 / c):
                 # singular: a smaller step moves 1/c away from J's spectrum
@@ -262,6 +265,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
         # ---- corrector: simplified Newton, convergence judged by its contraction rate
         converged = False
         old_norm = -1.0
+        n_iter = NEWTON_MAXITER
         for it in range(NEWTON_MAXITER):
             sys_f(sys, f, y, t_new, k)
             nfev += 1
@@ -281,6 +285,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
                 d[m] += f[m]
             if dn == 0.0 or (rate > 0.0 and rate / (1.0 - rate) * dn < newton_tol):
                 converged = True
+                n_iter = it + 1
                 break
             old_norm = dn
         if not converged:
@@ -297,9 +302,12 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
         for m in range(nz):
             sc[m] = errc[order] * d[m]
         en = _wrms(ctl, sc, y)
+        # a step whose Newton iteration needed more work is grown less (Hairer's RADAU5)
+        safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + n_iter)
         if not (en <= 1.0):
             nrej += 1
-            fac = max(MIN_FACTOR, 0.9 * en ** (-1.0 / (order + 1))) if en == en else MIN_FACTOR
+            fac = max(MIN_FACTOR, safety * en ** (-1.0 / (order + 1))) if en == en \
+                else MIN_FACTOR
             rescale(D, order, fac, R, U, T)
             h *= fac
             n_equal = 0
@@ -377,7 +385,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
                 best = fp
                 delta = 1
             order += delta
-            fac = min(MAX_FACTOR, 0.9 * best)
+            fac = min(MAX_FACTOR, safety * best)
             rescale(D, order, fac, R, U, T)
             h *= fac
             n_equal = 0

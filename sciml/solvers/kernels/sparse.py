@@ -116,7 +116,8 @@ def analyse(jptr, jidx, n, ordering="mmd"):
 
     ``ordering``: ``"mmd"`` (minimum degree on A^T + A, the least fill in general) or
     ``"rcm"`` (reverse Cuthill-McKee: the smallest band, inside which all fill stays:
-    the banded LU of a banded matrix, any matrix made banded first).
+    the banded LU of a banded matrix, any matrix made banded first), or ``"ilu0"``
+    (natural order and no fill: the pattern of an incomplete LU, `krylov.ilu0`).
     """
     import scipy.sparse as sp
     from scipy.sparse.csgraph import reverse_cuthill_mckee
@@ -127,7 +128,9 @@ def analyse(jptr, jidx, n, ordering="mmd"):
     A = sp.csr_array((np.ones(jidx.shape[0]), jidx, jptr), shape=(n, n))
     S = (A + A.T + sp.eye_array(n, format="csr")).tocsc()
     S.data[:] = 1.0
-    if ordering == "rcm":
+    if ordering == "ilu0":
+        perm = np.arange(n, dtype=np.int64)
+    elif ordering == "rcm":
         perm = reverse_cuthill_mckee(S.tocsr(), symmetric_mode=True).astype(np.int64)
     elif n > 2:
         # Only the column ordering is wanted; a diagonally dominant matrix on the
@@ -144,7 +147,12 @@ def analyse(jptr, jidx, n, ordering="mmd"):
     inv[perm] = np.arange(n)
     B = S.tocsr()[perm][:, perm]
     B.sort_indices()
-    ptr, idx, diag = symbolic(B.indptr.astype(np.int64), B.indices.astype(np.int64), n)
+    bptr, bidx = B.indptr.astype(np.int64), B.indices.astype(np.int64)
+    if ordering == "ilu0":
+        ptr, idx = bptr, bidx
+        diag = _positions(ptr, idx, np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64))
+    else:
+        ptr, idx, diag = symbolic(bptr, bidx, n)
     rows = np.repeat(np.arange(n), np.diff(jptr))
     jmap = _positions(ptr, idx, inv[rows], inv[jidx])
     return SparseLU(jptr, jidx, jmap, perm, ptr, idx, diag, np.zeros(jidx.shape[0]),

@@ -33,7 +33,7 @@ from numba.extending import overload
 from sciml._jit import OPTIONS
 
 from . import calls
-from .linsolve import lin_factor, lin_jac, lin_solve
+from .linsolve import lin_factor, lin_jac, lin_mass, lin_solve
 from .structs import Lin, Model
 
 _IMPLS = {}  # hook name -> {system class: implementation}
@@ -221,7 +221,7 @@ def _fwd_autonomous(sys):
 
 
 def _fwd_mass(sys):
-    return sys.lin.mass
+    return lin_mass(sys.lin)
 
 
 for _cls, _f in ((Forward, _fwd_f), (Infused, _infused_f)):
