@@ -4,11 +4,11 @@ Where even the sparse LU's fill is too much (3-D grids, very wide bands), the
 implicit steps solve ``W x = b``, ``W = ihg M + sign J``, by GMRES on products
 with W (J's values on the trace's pattern: one sparse product a Krylov
 vector), right-preconditioned by the incomplete LU of W on J's own pattern
-(no fill, `ilu0`). `factor` only refactors the preconditioner and remembers
-``(ihg, sign)``; every solve iterates to ``tol`` relative residual (default
-1e-10: Rosenbrock and Newton steps want nearly exact solves) or ``max_iter``
-products. Transposed solves (adjoints) run GMRES on ``W^T`` with the
-transposed preconditioner.
+(no fill: `sparse.factor` on the ``"ilu0"`` pattern). Factoring only
+refactors the preconditioner and remembers ``(ihg, sign)``; every solve
+iterates to ``tol`` relative residual (default 1e-10: Rosenbrock and Newton
+steps want nearly exact solves) or ``max_iter`` products. Transposed solves
+(adjoints) run GMRES on ``W^T`` with the transposed preconditioner.
 
 Y. Saad, M. H. Schultz, "GMRES: a generalized minimal residual algorithm for
 solving nonsymmetric linear systems", SIAM J. Sci. Stat. Comput. 7 (1986);
@@ -29,15 +29,13 @@ from .sparse import SparseLU
 
 class KrylovLin(NamedTuple):
     """GMRES buffers: ``pre`` the ILU(0) of W on J's pattern with the diagonal (a
-    `sparse.SparseLU` whose factor pattern is that pattern, natural order; its ``Jx``
-    holds J's values), ``mark`` (n,) int64 scratch of the incomplete factorisation,
-    ``V`` (restart + 1, n) the Krylov basis, ``Z`` (restart, n) its preconditioned
-    vectors, ``Hh`` (restart + 1, restart), ``g, cs, sn`` (restart + 1,) the least-squares
-    problem, ``x, tmp`` (n,), ``at`` (4,) the (ihg, sign) of the two slots, ``tol``,
-    ``max_iter``."""
+    `sparse.SparseLU` whose factor pattern is that pattern, natural order, factored by
+    `sparse.factor`; its ``Jx`` holds J's values); ``V`` (restart + 1, n) the Krylov
+    basis, ``Z`` (restart, n) its preconditioned vectors; ``Hh`` (restart + 1,
+    restart), ``g, cs, sn`` (restart + 1,) the least-squares problem; ``x, tmp`` (n,);
+    ``at`` (4,) the (ihg, sign) of the two slots; ``tol``, ``max_iter``."""
 
     pre: SparseLU
-    mark: np.ndarray
     V: np.ndarray
     Z: np.ndarray
     Hh: np.ndarray
@@ -55,47 +53,10 @@ def build(s, restart=30, tol=1e-10, max_iter=300):
     """`KrylovLin` from a `sparse.SparseLU` analysed with ``ordering="ilu0"`` (see
     `sparse.analyse`)."""
     n = s.perm.shape[0]
-    return KrylovLin(s, np.full(n, -1, dtype=np.int64), np.zeros((restart + 1, n)),
+    return KrylovLin(s, np.zeros((restart + 1, n)),
                      np.zeros((restart, n)), np.zeros((restart + 1, restart)),
                      np.zeros(restart + 1), np.zeros(restart + 1), np.zeros(restart + 1),
                      np.zeros(n), np.zeros(n), np.zeros(4), float(tol), int(max_iter))
-
-
-@jit
-def ilu0(s, LU, ihg, sign, mark):
-    """``LU`` = the incomplete LU of ``ihg M + sign J`` on the factors' own pattern (updates
-    outside it dropped). True if every pivot is finite and non-zero."""
-    ptr, idx, diag, w = s.ptr, s.idx, s.diag, s.w
-    n = diag.shape[0]
-    for q in range(LU.shape[0]):
-        LU[q] = 0.0
-    for e in range(s.Jx.shape[0]):
-        LU[s.jmap[e]] += sign * s.Jx[e]
-    unit = s.mass.shape[0] == 0
-    for i in range(n):
-        LU[diag[i]] += ihg if unit else ihg * s.mass[i]
-        mark[i] = -1
-    for i in range(n):
-        lo, hi = ptr[i], ptr[i + 1]
-        for q in range(lo, hi):
-            w[idx[q]] = LU[q]
-            mark[idx[q]] = i
-        for q in range(lo, diag[i]):
-            k = idx[q]
-            lik = w[k] / LU[diag[k]]
-            w[k] = lik
-            if lik != 0.0:
-                for r in range(diag[k] + 1, ptr[k + 1]):
-                    j = idx[r]
-                    if mark[j] == i:
-                        w[j] -= lik * LU[r]
-        for q in range(lo, hi):
-            LU[q] = w[idx[q]]
-            w[idx[q]] = 0.0
-        piv = LU[diag[i]]
-        if piv == 0.0 or not np.isfinite(piv):
-            return False
-    return True
 
 
 @jit(inline="always")

@@ -66,7 +66,7 @@ def _krylov_factor(lin, LU, slot, ihg, sign):
     """The preconditioner of ``ihg M + sign J``, and (ihg, sign) kept for the solves."""
     lin.at[slot] = ihg
     lin.at[slot + 1] = sign
-    return krylov.ilu0(lin.pre, LU, ihg, sign, lin.mark)
+    return sparse.factor(lin.pre, LU, ihg, sign)
 
 
 @jit

@@ -38,7 +38,7 @@ class SparseLU(NamedTuple):
     J's entries in the factors; perm (n,) : the ordering q (row/column i of the
     factors is q[i] of W); ptr, idx, diag : the factors' pattern; Jx (nnz_J,) : J's
     values; mass : the diagonal mass matrix (empty: the identity); LU1, LU2 (nnz_LU,) :
-    two factorisations (a system uses one or both); w (n,) : scratch.
+    two factorisations (a system uses one or both); w (n,), mark (n,) int64 : scratch.
     """
 
     jptr: np.ndarray
@@ -53,6 +53,7 @@ class SparseLU(NamedTuple):
     LU1: np.ndarray
     LU2: np.ndarray
     w: np.ndarray
+    mark: np.ndarray
 
 
 @jit
@@ -117,7 +118,7 @@ def analyse(jptr, jidx, n, ordering="mmd"):
     ``ordering``: ``"mmd"`` (minimum degree on A^T + A, the least fill in general) or
     ``"rcm"`` (reverse Cuthill-McKee: the smallest band, inside which all fill stays:
     the banded LU of a banded matrix, any matrix made banded first), or ``"ilu0"``
-    (natural order and no fill: the pattern of an incomplete LU, `krylov.ilu0`).
+    (natural order and no fill: the pattern of an incomplete LU, for `krylov`).
     """
     import scipy.sparse as sp
     from scipy.sparse.csgraph import reverse_cuthill_mckee
@@ -156,7 +157,8 @@ def analyse(jptr, jidx, n, ordering="mmd"):
     rows = np.repeat(np.arange(n), np.diff(jptr))
     jmap = _positions(ptr, idx, inv[rows], inv[jidx])
     return SparseLU(jptr, jidx, jmap, perm, ptr, idx, diag, np.zeros(jidx.shape[0]),
-                    np.zeros(0), np.zeros(idx.shape[0]), np.zeros(idx.shape[0]), np.zeros(n))
+                    np.zeros(0), np.zeros(idx.shape[0]), np.zeros(idx.shape[0]), np.zeros(n),
+                    np.zeros(n, dtype=np.int64))
 
 
 @jit
@@ -179,8 +181,14 @@ def _positions(ptr, idx, rows, cols):
 @jit
 def factor(s, LU, ihg, sign):
     """``LU`` = the factors of ``ihg M + sign J`` (J's values in ``s.Jx``, M = diag(s.mass),
-    the identity when empty). True if it factored: every pivot finite and non-zero."""
-    ptr, idx, diag, w = s.ptr, s.idx, s.diag, s.w
+    the identity when empty) on the factors' pattern. True if it factored: every pivot
+    finite and non-zero.
+
+    On a pattern with its fill (`symbolic`) this is the exact LU; on one without (the
+    ``"ilu0"`` analysis) the updates outside it are dropped (``mark``): the incomplete
+    LU that preconditions `krylov.gmres`.
+    """
+    ptr, idx, diag, w, mark = s.ptr, s.idx, s.diag, s.w, s.mark
     n = diag.shape[0]
     for q in range(LU.shape[0]):
         LU[q] = 0.0
@@ -189,17 +197,21 @@ def factor(s, LU, ihg, sign):
     unit = s.mass.shape[0] == 0
     for i in range(n):
         LU[diag[i]] += ihg if unit else ihg * s.mass[s.perm[i]]
+        mark[i] = -1
     for i in range(n):
         lo, hi = ptr[i], ptr[i + 1]
         for q in range(lo, hi):
             w[idx[q]] = LU[q]
+            mark[idx[q]] = i
         for q in range(lo, diag[i]):
             k = idx[q]
             lik = w[k] / LU[diag[k]]
             w[k] = lik
             if lik != 0.0:
                 for r in range(diag[k] + 1, ptr[k + 1]):
-                    w[idx[r]] -= lik * LU[r]
+                    j = idx[r]
+                    if mark[j] == i:
+                        w[j] -= lik * LU[r]
         for q in range(lo, hi):
             LU[q] = w[idx[q]]
             w[idx[q]] = 0.0
