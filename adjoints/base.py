@@ -31,6 +31,11 @@ class SensitivityAlgorithm:
     """Base of the methods. ``rtol``/``atol``: tolerances of the sensitivity solve
     (default: the forward solve's)."""
 
+    #: True for a method that carries sensitivities forward with the state (across the
+    #: pieces of a problem with changes or events, S is handed on as the next piece's
+    #: initial sensitivities); False for one that runs backward (the adjoint jumps there)
+    forward_mode = False
+
     def __init__(self, rtol=None, atol=None):
         cls = type(self).__name__
         self.rtol = _tol(cls, "rtol", rtol)
@@ -67,6 +72,25 @@ class SensitivityAlgorithm:
         rtol = self.rtol if self.rtol is not None else job.rtol
         atol = self.atol if self.atol is not None else float(np.min(job.atol))
         return rtol, np.full(n_err, atol)
+
+    def lean(self, solver, model):
+        """The method's one-call compiled gradient for a plain problem (no doses, u0 an
+        array, `SSE` on states) solved by the explicit ``solver``, or None when it has
+        none with these settings (the general `forward` / `backward` path runs).
+
+        The entry is called ``entry(kern, tab, ctl, backward_control, args)`` with
+        ``args = (u0, p, span, data, grad, stats)`` (`adjoints.kernels.backward`) and
+        ``backward_control(n_err)`` the backward solve's `Control` for an error norm over
+        ``n_err`` components; it returns ``(status, value)``. A method with such an entry
+        says so here: `sciml.loss_and_grad` asks, it does not know the methods.
+        """
+        return None
+
+    def lean_many(self, solver, model):
+        """Like `lean`, for many plain problems of one model in one parallel compiled call:
+        ``entry(kern, tab, ctl, U0, P, spans, data, offsets, grads, losses, status)``
+        (`adjoints.kernels.backward.grad_discrete_many`), or None."""
+        return None
 
     def forward(self, job):
         raise NotImplementedError

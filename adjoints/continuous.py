@@ -51,6 +51,7 @@ from sciml.solvers.kernels.structs import record
 
 from ._forward import SolveFailed, forward
 from .base import SensitivityAlgorithm, _tol
+from .kernels import backward as _lean
 from .kernels.backward import backward_schedule
 from .kernels.systems import ROWS, Adjoint, Backsolve, Gauss, Interp, Quad
 
@@ -141,6 +142,16 @@ class InterpolatingAdjoint(_Stored):
     def __repr__(self):
         extra = ", error_on_params=True" if self.error_on_params else ""
         return f"InterpolatingAdjoint(checkpointing={self.checkpointing}{extra})"
+
+    def lean(self, solver, model):
+        if not solver.adaptive or self.rtol is not None or self.atol is not None:
+            return None
+        n_err = model.n_states + (model.n_params if self.error_on_params else 0)
+        entry = (_lean.grad_interp_checkpointed if self.checkpointing else _lean.grad_interp)
+
+        def run(kern, tab, ctl, backward_control, args):
+            return entry(kern, tab, ctl, backward_control(n_err), *args)
+        return run
 
     def forward(self, job):
         if not self.checkpointing:
@@ -271,6 +282,15 @@ class GaussAdjoint(_Stored):
             x, w = np.polynomial.legendre.leggauss(m)
             _NODES[m] = ((x + 1) / 2, w / 2)
         return _NODES[m]
+
+    def lean(self, solver, model):
+        if not solver.adaptive or self.rtol is not None or self.atol is not None:
+            return None
+        nodes, n = self.quadrature(solver), model.n_states
+
+        def run(kern, tab, ctl, backward_control, args):
+            return _lean.grad_gauss(kern, tab, ctl, backward_control(n), nodes, *args)
+        return run
 
     def backward(self, job, state, G):
         qx, qw = self.quadrature(job.solver)

@@ -11,6 +11,7 @@ are `adjoints.kernels.discrete`.
 import numpy as np
 
 from .base import SensitivityAlgorithm
+from .kernels.backward import grad_discrete, grad_discrete_many
 from .kernels.discrete import erk_reverse, ros_reverse
 
 __all__ = ["DiscreteAdjoint"]
@@ -32,6 +33,14 @@ class DiscreteAdjoint(SensitivityAlgorithm):
 
     def needs(self, solver):
         return ("vjp", "hvp") if solver.stiff else ("vjp",)
+
+    def lean(self, solver, model):
+        def run(kern, tab, ctl, backward_control, args):
+            return grad_discrete(kern, tab, ctl, *args)
+        return run
+
+    def lean_many(self, solver, model):
+        return grad_discrete_many
 
     def forward(self, job):
         from ._forward import forward

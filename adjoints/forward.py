@@ -44,6 +44,8 @@ class ForwardSensitivity(SensitivityAlgorithm):
         simulation needs only those its estimated parameters reach.
     """
 
+    forward_mode = True
+
     def __init__(self, error_on_sensitivities=True, rtol=None, atol=None, params=None):
         super().__init__(rtol, atol)
         self.error_on_sensitivities = bool(error_on_sensitivities)

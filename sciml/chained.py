@@ -175,7 +175,7 @@ def chained(job, data, loss, sensealg, grad=True):
         return pieces, None
     prob, n = job.prob, job.n
     obs = job.obs_t
-    forward = grad and isinstance(sensealg, adjoints.ForwardSensitivity)
+    forward = grad and sensealg.forward_mode
     jobs, states, rows, ends = [], [], [], []
     u0 = u_start = None
     try:

@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import adjoints  # attributes read at call time: `adjoints` imports sciml's core
-from adjoints.kernels import backward as _lean_kernels
 
 from ._jit import Threads
 from ._validate import (
@@ -146,12 +145,11 @@ _F64 = np.dtype(np.float64)
 
 
 def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_steps, dt):
-    """The common case in one compiled call (`adjoints.kernels.backward`), or None when it
-    does not apply.
+    """The common case in one compiled call, or None when it does not apply.
 
-    One plain problem (no doses, u0 an array), `SSE` on states, an ERK solver, the
-    discrete, interpolating or Gauss adjoint with default
-    settings. Checks are cheap here; everything else falls back to the general path.
+    One plain problem (no doses, u0 an array), `SSE` on states, an ERK solver, and a
+    method with such a call for them (`adjoints.SensitivityAlgorithm.lean`). Checks are
+    cheap here; everything else falls back to the general path.
     """
     if not (type(prob) is ODEProblem and prob._plain and type(data) is Data
             and data.kind == "states" and threads is None and not data.repeated):
@@ -162,17 +160,10 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     model = prob.model
     if sensealg is None:
         sensealg = adjoints.default_sensealg(model, solver)
-    t = type(sensealg)
-    if t is adjoints.DiscreteAdjoint:
-        method = 0
-    elif not isinstance(sensealg, adjoints.SensitivityAlgorithm) or not solver.adaptive \
-            or sensealg.rtol is not None or sensealg.atol is not None:
+    if not isinstance(sensealg, adjoints.SensitivityAlgorithm):
         return None
-    elif t is adjoints.InterpolatingAdjoint:
-        method = 3 if sensealg.checkpointing else 1
-    elif t is adjoints.GaussAdjoint:
-        method = 2
-    else:
+    entry = sensealg.lean(solver, model)
+    if entry is None:
         return None
     theta = prob.params
     if params is not None:
@@ -193,21 +184,12 @@ def _lean(prob, data, loss, solver, sensealg, rtol, atol, params, threads, max_s
     stats = np.zeros(3, dtype=np.int64)
     args = (prob.u0, theta, (t0, tf), (obs_t, data.y_filled, data.w_masked, data.columns(model)),
             grad, stats)
-    if method == 0:
-        status, value = _lean_kernels.grad_discrete(kern, tab, ctl, *args)
-    else:
-        n_err = model.n_states  # mu in the backward error norm only when asked
-        if method != 2 and sensealg.error_on_params:
-            n_err += model.n_params
-        ctl_b = _control(solver, rtol, atol_vector(float(np.min(atol_v)), n_err), None,
-                         max_steps + 200 * (obs_t.shape[0] + 2))
-        if method == 1:
-            status, value = _lean_kernels.grad_interp(kern, tab, ctl, ctl_b, *args)
-        elif method == 3:
-            status, value = _lean_kernels.grad_interp_checkpointed(kern, tab, ctl, ctl_b, *args)
-        else:
-            status, value = _lean_kernels.grad_gauss(kern, tab, ctl, ctl_b,
-                                                     sensealg.quadrature(solver), *args)
+
+    def backward_control(n_err):
+        return _control(solver, rtol, atol_vector(float(np.min(atol_v)), n_err), None,
+                        max_steps + 200 * (obs_t.shape[0] + 2))
+
+    status, value = entry(kern, tab, ctl, backward_control, args)
     if status != 0:
         return None  # the general path reruns it and reports the failure
     return value, grad
@@ -229,8 +211,9 @@ def _control(solver, rtol, atol_v, dt, max_steps):
 
 def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads, max_steps,
                dt, per_problem):
-    """Many plain problems of one model with the discrete adjoint in one parallel compiled
-    call (`grad_discrete_many`), or None when that does not apply (see `_lean`)."""
+    """Many plain problems of one model in one parallel compiled call, for a method that has
+    one (`adjoints.SensitivityAlgorithm.lean_many`), or None when that does not apply (see
+    `_lean`)."""
     if not (probs and isinstance(datas, (list, tuple)) and len(datas) == len(probs)):
         return None
     solver = _lean_solver(loss, solver, rtol, atol, max_steps, dt)
@@ -248,8 +231,10 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
             cols = c
         elif not np.array_equal(c, cols):
             return None
-    if type(sensealg if sensealg is not None else adjoints.default_sensealg(model, solver)) \
-            is not adjoints.DiscreteAdjoint:
+    method = sensealg if sensealg is not None else adjoints.default_sensealg(model, solver)
+    entry = method.lean_many(solver, model) \
+        if isinstance(method, adjoints.SensitivityAlgorithm) else None
+    if entry is None:
         return None
     m, npar = len(probs), model.n_params
     if params is not None:
@@ -272,9 +257,8 @@ def _lean_many(probs, datas, loss, solver, sensealg, rtol, atol, params, threads
     data = (np.concatenate([d.t for d in datas]), np.concatenate([d.y_filled for d in datas]),
             np.concatenate([d.w_masked for d in datas]), cols)
     with nt:
-        _lean_kernels.grad_discrete_many(
-            kern, solver.engine_tableau(), ctl, np.stack([p.u0 for p in probs]), Pm,
-            np.array([p.tspan for p in probs]), data, off, grads, losses, status)
+        entry(kern, solver.engine_tableau(), ctl, np.stack([p.u0 for p in probs]), Pm,
+              np.array([p.tspan for p in probs]), data, off, grads, losses, status)
     if np.any(status != 0):
         return None  # the general path reruns them and reports the failures
     if per_problem:

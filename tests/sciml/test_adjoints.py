@@ -331,6 +331,35 @@ def test_lean_path_agrees_with_the_general_one(method):
         np.testing.assert_array_equal(lean[1], general[1])
 
 
+def test_the_method_object_chooses_its_one_call_entry():
+    # loss_and_grad asks the method (`lean`) and knows none by name: a method of one's own
+    # that wraps another's entry is called; one without an entry runs the general path.
+    prob, data = _spiral()
+    calls = []
+
+    class Counted(adjoints.GaussAdjoint):
+        def lean(self, solver, model):
+            entry = super().lean(solver, model)
+
+            def run(*args):
+                calls.append(1)
+                return entry(*args)
+            return run
+
+    class General(adjoints.GaussAdjoint):
+        def lean(self, solver, model):
+            return None
+
+    a = sciml.loss_and_grad(prob, data, sensealg=Counted())
+    assert calls == [1]
+    b = sciml.loss_and_grad(prob, data, sensealg=General())
+    assert calls == [1]
+    assert a[0] == pytest.approx(b[0], rel=1e-13)
+    np.testing.assert_array_equal(a[1], b[1])
+    for name in ("backsolve", "quad", "forward"):  # no one-call entry (yet)
+        assert METHODS[name].lean(sciml.Tsit5(), prob.model) is None
+
+
 # ---------------------------------------------------------------- model features
 
 
