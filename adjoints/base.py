@@ -14,17 +14,11 @@ the model kernels it calls beyond the solver's own.
 
 import numpy as np
 
+from sciml._validate import optional_tolerance
+
 from ._forward import SolveFailed
 
 __all__ = ["SensitivityAlgorithm", "SolveFailed"]
-
-
-def _tol(cls, name, v):
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < np.inf:
-        raise ValueError(f"{cls}: `{name}` must be None or a number > 0, got {v!r}")
-    return float(v)
 
 
 class SensitivityAlgorithm:
@@ -38,8 +32,8 @@ class SensitivityAlgorithm:
 
     def __init__(self, rtol=None, atol=None):
         cls = type(self).__name__
-        self.rtol = _tol(cls, "rtol", rtol)
-        self.atol = _tol(cls, "atol", atol)
+        self.rtol = optional_tolerance(rtol, "rtol", cls)
+        self.atol = optional_tolerance(atol, "atol", cls)
 
     def needs(self, solver):
         """Model kernels the method calls with ``solver``, beyond the solver's own."""

@@ -45,12 +45,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from sciml._validate import optional_tolerance
 from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.common import Schedule
 from sciml.solvers.kernels.structs import record
 
 from ._forward import SolveFailed, forward
-from .base import SensitivityAlgorithm, _tol
+from .base import SensitivityAlgorithm
 from .kernels import backward as _lean
 from .kernels.backward import backward_schedule
 from .kernels.systems import ROWS, Adjoint, Backsolve, Gauss, Interp, Quad
@@ -321,7 +322,7 @@ class QuadratureAdjoint(_Stored):
 
     def __init__(self, quad_rtol=None, rtol=None, atol=None):
         super().__init__(rtol, atol)
-        self.quad_rtol = _tol("QuadratureAdjoint", "quad_rtol", quad_rtol)
+        self.quad_rtol = optional_tolerance(quad_rtol, "quad_rtol", "QuadratureAdjoint")
 
     def backward(self, job, state, G):
         a, stops_b = _adjoint(job, state, G)

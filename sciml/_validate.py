@@ -17,7 +17,8 @@ import numbers
 import numpy as np
 
 __all__ = ["is_number", "float_vector", "check_rtol", "check_atol", "atol_vector", "lean_atol",
-           "check_dt", "check_max_steps", "saveat_times", "positive_number", "positive_int"]
+           "check_dt", "check_max_steps", "saveat_times", "number", "positive_number", "integer",
+           "positive_int", "optional_tolerance", "one_of"]
 
 _F64 = np.dtype(np.float64)
 
@@ -59,11 +60,8 @@ def check_dt(solver, dt):
     return float(dt)
 
 
-def check_max_steps(max_steps):
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) \
-            or max_steps < 1:
-        raise ValueError(f"`max_steps` must be a positive int, got {max_steps!r}")
-    return int(max_steps)
+def check_max_steps(max_steps, where=None):
+    return positive_int("max_steps", max_steps, optional=False, where=where)
 
 
 def saveat_times(saveat, tspan):
@@ -135,22 +133,55 @@ def float_vector(value, n, where, name, expected):
     return a
 
 
-def positive_number(name, v, allow_zero=False, where="fit"):
-    ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and (
-        v >= 0 if allow_zero else v > 0)
-    if not ok:
-        raise ValueError(f"{where}: `{name}` must be a finite number "
-                         f"{'>=' if allow_zero else '>'} 0, got {v!r}")
+def _prefix(where):
+    return f"{where}: " if where else ""
+
+
+def number(v, name, where=None, lo=-math.inf, hi=math.inf, lo_open=True, hi_open=False):
+    """``float(v)`` if ``v`` is a real number (not a bool) in the interval from ``lo`` to
+    ``hi`` (open or closed at each end; an infinite end is open); else a ValueError naming
+    ``where``, ``name`` and the interval."""
+    if is_number(v) and math.isfinite(v) and (v > lo if lo_open else v >= lo) \
+            and (v < hi if hi_open else v <= hi):
+        return float(v)
+    if lo == -math.inf and hi == math.inf:
+        want = "a finite number"
+    elif hi == math.inf:
+        want = f"a finite number {'>' if lo_open else '>='} {lo:g}"
+    elif lo == -math.inf:
+        want = f"a finite number {'<' if hi_open else '<='} {hi:g}"
+    else:
+        want = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    raise ValueError(f"{_prefix(where)}`{name}` must be {want}, got {v!r}")
+
+
+def optional_tolerance(v, name, where):
+    """None, or a finite tolerance > 0 (a method's own ``rtol=``, ``atol=``)."""
+    if v is None:
+        return None
+    if not is_number(v) or not 0 < v < math.inf:
+        raise ValueError(f"{where}: `{name}` must be None or a finite number > 0, got {v!r}")
     return float(v)
 
 
-def positive_int(name, v, optional=True):
+def positive_number(name, v, allow_zero=False, where="fit"):
+    return number(v, name, where, lo=0.0, lo_open=not allow_zero)
+
+
+def integer(v, name, where=None, lo=1, optional=False):
+    """``int(v)`` if ``v`` is an integer (not a bool) >= ``lo`` (or None when ``optional``);
+    else a ValueError naming ``where`` and ``name``."""
     if v is None and optional:
         return None
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"fit: `{name}` must be a positive int{' or None' if optional else ''}"
-                         f", got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < lo:
+        want = "a positive int" if lo == 1 else f"an int >= {lo}"
+        raise ValueError(f"{_prefix(where)}`{name}` must be {want}"
+                         f"{' or None' if optional else ''}, got {v!r}")
     return int(v)
+
+
+def positive_int(name, v, optional=True, where="fit"):
+    return integer(v, name, where, optional=optional)
 
 
 def one_of(name, v, choices, where):

@@ -26,7 +26,7 @@ import numpy as np
 
 from nets import LBFGS
 
-from ._validate import float_vector, positive_int, positive_number
+from ._validate import float_vector, integer, positive_int, positive_number
 from .data import Data
 from .problem import ODEProblem, problem_list
 
@@ -143,9 +143,7 @@ class FitResult:
             if d is not None and not isinstance(d, Data):
                 raise TypeError(f"plot: `data[{i}]` must be a sciml.Data or None, got "
                                 f"{type(d).__name__}")
-        if isinstance(n_points, bool) or not isinstance(n_points, numbers.Integral) \
-                or n_points < 2:
-            raise ValueError(f"plot: `n_points` must be an int >= 2, got {n_points!r}")
+        integer(n_points, "n_points", "plot", lo=2)
         from matplotlib.figure import Figure
 
         n = len(probs)
@@ -249,10 +247,7 @@ def _check_optimizers(optimizers):
         if first_order and not callable(getattr(opt, "minimize", None)) and iters is None:
             raise ValueError(f"fit: `optimizers[{i}]` ({opt!r}) has no iteration budget; "
                              f"give it one, e.g. nets.{type(opt).__name__}(..., iters=300)")
-        if iters is not None and (isinstance(iters, bool) or not isinstance(
-                iters, numbers.Integral) or iters < 1):
-            raise ValueError(f"fit: `optimizers[{i}].iters` must be a positive int, got "
-                             f"{iters!r}")
+        integer(iters, f"optimizers[{i}].iters", "fit", optional=True)
     return list(optimizers)
 
 

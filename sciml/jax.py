@@ -102,7 +102,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 import nets.jax as _nets_jax
 
 from . import losses as _losses
-from ._validate import saveat_times
+from ._validate import check_max_steps, is_number, number, saveat_times
 from .data import Data
 from .model import Model
 from .model.trace import T as _T
@@ -296,26 +296,15 @@ def _adjoint(adjoint):
 
 
 def _tolerances(rtol, atol, n):
-    ok = lambda v: not isinstance(v, bool) and isinstance(v, (int, float, np.integer,  # noqa: E731
-                                                              np.floating))
-    if not ok(rtol) or not (0 < rtol < math.inf):
-        raise ValueError(f"sciml.jax: `rtol` must be a finite number > 0, got {rtol!r}")
-    if ok(atol):
-        if not (0 < atol < math.inf):
-            raise ValueError(f"sciml.jax: `atol` must be a finite number > 0, got {atol!r}")
-        return float(rtol), float(atol)
+    """(rtol, atol) as diffrax takes them: a number, or a tuple of one per state."""
+    rtol = number(rtol, "rtol", "sciml.jax", lo=0.0)
+    if is_number(atol):
+        return rtol, number(atol, "atol", "sciml.jax", lo=0.0)
     a = np.asarray(atol, dtype=np.float64)
     if a.shape != (n,) or not np.all(np.isfinite(a)) or np.any(a <= 0):
         raise ValueError(f"sciml.jax: `atol` must be a number > 0 or {n} of them (one per "
                          f"state), got {atol!r}")
-    return float(rtol), tuple(a.tolist())
-
-
-def _max_steps(max_steps):
-    if isinstance(max_steps, bool) or not isinstance(max_steps, (int, np.integer)) \
-            or max_steps < 1:
-        raise ValueError(f"sciml.jax: `max_steps` must be a positive int, got {max_steps!r}")
-    return int(max_steps)
+    return rtol, tuple(a.tolist())
 
 
 # ---------------------------------------------------------------- trajectories
@@ -553,7 +542,7 @@ def solve(prob, solver="Tsit5", *, rtol=1e-6, atol=1e-6, saveat=None, max_steps=
     """
     probs, many = problem_list(prob, "sciml.jax: ")
     dsolver = _solver(solver)
-    max_steps = _max_steps(max_steps)
+    max_steps = check_max_steps(max_steps, "sciml.jax")
     sols = [None] * len(probs)
     steps = saveat is None
     items, keys = [], []
@@ -789,7 +778,7 @@ def loss_and_grad(prob, data, loss=None, solver="Tsit5", adjoint="recursive_chec
                          "numbers of parameters: their gradients cannot be summed")
     dsolver = _solver(solver)
     adj = _adjoint(adjoint)
-    max_steps = _max_steps(max_steps)
+    max_steps = check_max_steps(max_steps, "sciml.jax")
     items, keys, tols = [], [], {}
     for i, (p, d) in enumerate(zip(probs, datas)):
         d.check_span(p.tspan, where=f"data[{i}]" if many else "data")

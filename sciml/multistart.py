@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._validate import integer, number
 from .fit import _check_problems, fit
 from .solvers import Solver
 
@@ -313,10 +314,7 @@ def draw_starts(prob, n, seed=0, params=None, spread=0.5, bounds=None):
         return np.stack([lo + (hi - lo) * np.random.default_rng(c).random(n_params)
                          for c in children])
     center = _center(params, probs[0], n_params)
-    if isinstance(spread, bool) or not isinstance(spread, numbers.Real) \
-            or not math.isfinite(spread) or spread < 0:
-        raise ValueError(f"fit_multistart: `spread` must be a finite number >= 0, got "
-                         f"{spread!r}")
+    number(spread, "spread", "fit_multistart", lo=0.0, lo_open=False)
     slices = model.param_slices
     mech = [slices[p].start for p in model.params]
     nets = model.nets
@@ -347,9 +345,7 @@ def _n_starts(n):
 
 
 def _seed(seed):
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise ValueError(f"fit_multistart: `seed` must be an int >= 0, got {seed!r}")
-    return int(seed)
+    return integer(seed, "seed", "fit_multistart", lo=0)
 
 
 def _bounds(bounds, n):
@@ -573,10 +569,7 @@ def fit_multistart(prob_or_list, data_or_list, starts=64, seed=0, client=None, r
                            f"; it takes sciml.fit's options: {', '.join(sorted(_FIT_OPTIONS))}"))
     if not isinstance(progress, (bool, np.bool_)):
         raise TypeError(f"fit_multistart: `progress` must be True or False, got {progress!r}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(
-            workers, numbers.Integral) or workers < 1):
-        raise ValueError(f"fit_multistart: `workers` must be a positive int or None, got "
-                         f"{workers!r}")
+    integer(workers, "workers", "fit_multistart", optional=True)
     if isinstance(starts, (numbers.Integral, bool)) and not isinstance(starts, np.ndarray):
         X = draw_starts(probs, starts, seed, params, spread, bounds)
     else:

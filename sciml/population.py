@@ -19,6 +19,7 @@ additive deviations are proportional ones.
 
 import numpy as np
 
+from ._validate import number
 from .gradient import loss_and_grad
 
 __all__ = ["Population"]
@@ -69,9 +70,7 @@ class Population:
         if unknown or len(set(individual)) != len(individual):
             raise ValueError(f"Population: `individual` must name distinct mechanistic "
                              f"parameters of the model {model.params!r}; got {individual!r}")
-        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) \
-                or not 0 <= penalty < np.inf:
-            raise ValueError(f"Population: `penalty` must be a number >= 0, got {penalty!r}")
+        number(penalty, "penalty", "Population", lo=0.0, lo_open=False)
         sc = np.broadcast_to(np.asarray(scale, dtype=np.float64), (len(individual),)).copy()
         if not np.all(sc > 0) or not np.all(np.isfinite(sc)):
             raise ValueError(f"Population: `scale` must be > 0 and finite, got {scale!r}")

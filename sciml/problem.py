@@ -9,28 +9,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import float_vector
+from ._validate import float_vector, number, positive_int
 from .model.assembly import call
 from .solvers.kernels.calls import K_INIT, K_INIT_VJP
 
 
-def _number(cls, name, v, positive=False, nonneg=False):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(v):
-        raise ValueError(f"{cls}: `{name}` must be a finite number, got {v!r}")
-    if positive and v <= 0:
-        raise ValueError(f"{cls}: `{name}` must be > 0, got {v!r}")
-    if nonneg and v < 0:
-        raise ValueError(f"{cls}: `{name}` must be >= 0, got {v!r}")
-    return float(v)
-
-
 def _repeat(cls, every, count):
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
-        raise ValueError(f"{cls}: `count` must be a positive int, got {count!r}")
+    positive_int("count", count, optional=False, where=cls)
     if count > 1 and every is None:
         raise ValueError(f"{cls}: `count={count}` needs `every` (the dosing interval)")
-    return 0.0 if every is None else _number(cls, "every", every, positive=True)
+    return 0.0 if every is None else number(every, "every", cls, lo=0.0)
 
 
 @dataclass(frozen=True)
@@ -48,8 +36,8 @@ class Bolus:
     count: int = 1
 
     def __post_init__(self):
-        _number("Bolus", "time", self.time)
-        _number("Bolus", "amount", self.amount)
+        number(self.time, "time", "Bolus")
+        number(self.amount, "amount", "Bolus")
         _repeat("Bolus", self.every, self.count)
 
     def times(self):
@@ -71,9 +59,9 @@ class Infusion:
     count: int = 1
 
     def __post_init__(self):
-        _number("Infusion", "start", self.start)
-        _number("Infusion", "duration", self.duration, positive=True)
-        _number("Infusion", "rate", self.rate)
+        number(self.start, "start", "Infusion")
+        number(self.duration, "duration", "Infusion", lo=0.0)
+        number(self.rate, "rate", "Infusion")
         _repeat("Infusion", self.every, self.count)
         if self.every is not None and self.count > 1 and self.every < self.duration:
             raise ValueError(f"Infusion: `every` ({self.every}) is shorter than `duration` "
@@ -100,7 +88,7 @@ class Change:
 
     def __post_init__(self):
         if not isinstance(self.time, str):
-            _number("Change", "time", self.time)
+            number(self.time, "time", "Change")
         if not isinstance(self.params, dict) or not self.params:
             raise ValueError(f"Change: `params` must be a non-empty dict of parameter name -> "
                              f"value, got {self.params!r}")
@@ -108,7 +96,7 @@ class Change:
             if not isinstance(k, str):
                 raise ValueError(f"Change: `params` keys must be parameter names, got {k!r}")
             if not isinstance(v, str):
-                _number("Change", f"params[{k!r}]", v)
+                number(v, f"params[{k!r}]", "Change")
 
 
 @dataclass

@@ -12,6 +12,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sciml._validate import number
+
 from . import common
 from .kernels import control as _ctl
 from .kernels.structs import S_NACC, S_NFEV, S_NJAC, S_NLU, S_NREJ, S_NSAVE, Control, record
@@ -55,6 +57,25 @@ class RawSolution:
     t_end: float
     stats: dict = field(default_factory=dict)
     dense: Dense | None = None
+
+
+def pi_controller(solver, safety, qmin, qmax, beta2, order):
+    """Check and set the PI step-size controller's settings on ``solver`` (`kernels.control`:
+    ``safety`` and ``qmin`` in (0, 1], ``qmax`` > 1, ``beta2`` in [0, 0.2); ``beta1`` from
+    the ``order`` of the error estimate, Hairer's choice ``1/(q + 1) - 0.75 beta2``)."""
+    where = type(solver).__name__
+    solver.safety = number(safety, "safety", where, lo=0.0, hi=1.0)
+    solver.qmin = number(qmin, "qmin", where, lo=0.0, hi=1.0)
+    solver.qmax = number(qmax, "qmax", where, lo=1.0)
+    solver.beta2 = number(beta2, "beta2", where, lo=0.0, hi=0.2, lo_open=False, hi_open=True)
+    solver.beta1 = 1.0 / (order + 1) - 0.75 * solver.beta2
+
+
+def check_adaptive(solver, adaptive):
+    if not isinstance(adaptive, (bool, np.bool_)):
+        raise TypeError(f"{type(solver).__name__}: `adaptive` must be True or False, got "
+                        f"{adaptive!r}")
+    return bool(adaptive)
 
 
 class Solver:

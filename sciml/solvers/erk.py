@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from . import tableaus
-from .base import Solver
+from .base import Solver, check_adaptive, pi_controller
 from .kernels import erk as _erk
 from .kernels import lean as _lean
 
@@ -21,14 +21,6 @@ from .kernels import lean as _lean
 #: entry point (the model's right-hand side inlined, `kernels.linked`) in a background
 #: thread, ~10 s once per model and machine (then cached on disk); 0: never.
 FUSE_AFTER = 2000
-
-
-def _positive(cls, name, v, upper=None):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(v) or v <= 0 or (upper is not None and v > upper):
-        bound = f" and <= {upper}" if upper is not None else ""
-        raise ValueError(f"{cls}: `{name}` must be a finite number > 0{bound}, got {v!r}")
-    return float(v)
 
 
 class ExplicitRK(Solver):
@@ -63,23 +55,13 @@ class ExplicitRK(Solver):
                             "class attribute); use Tsit5(), DP5(), ... or subclass with one")
         if adaptive is None:
             adaptive = tab.b_error is not None
-        if not isinstance(adaptive, (bool, np.bool_)):
-            raise TypeError(f"{cls}: `adaptive` must be True or False, got {adaptive!r}")
+        adaptive = check_adaptive(self, adaptive)
         if adaptive and tab.b_error is None:
             raise ValueError(f"{cls}: has no error estimate, so it cannot be adaptive; "
                              "use a fixed step (`dt=`) or an adaptive solver such as Tsit5()")
-        self.adaptive = bool(adaptive)
-        self.safety = _positive(cls, "safety", safety, upper=1.0)
-        self.qmin = _positive(cls, "qmin", qmin, upper=1.0)
-        self.qmax = _positive(cls, "qmax", qmax)
-        if self.qmax <= 1.0:
-            raise ValueError(f"{cls}: `qmax` must be > 1, got {qmax!r}")
-        if isinstance(beta2, bool) or not isinstance(beta2, (int, float)) \
-                or not 0 <= beta2 < 0.2:
-            raise ValueError(f"{cls}: `beta2` must be a number in [0, 0.2), got {beta2!r}")
-        self.beta2 = float(beta2)
-        q = tab.embedded_order if tab.embedded_order is not None else tab.order
-        self.beta1 = 1.0 / (q + 1) - 0.75 * self.beta2
+        self.adaptive = adaptive
+        pi_controller(self, safety, qmin, qmax, beta2,
+                      tab.embedded_order if tab.embedded_order is not None else tab.order)
 
     @property
     def name(self):

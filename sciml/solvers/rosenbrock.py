@@ -9,7 +9,7 @@ import numpy as np
 from sciml._validate import one_of
 
 from . import tableaus
-from .base import Solver
+from .base import Solver, check_adaptive, pi_controller
 from .common import LINSOLVES
 from .kernels import ros as _ros
 
@@ -65,17 +65,8 @@ class Rodas5(Solver):
                  linsolve="auto"):
         name = type(self).__name__
         self.linsolve = one_of("linsolve", linsolve, LINSOLVES, name)
-        if not isinstance(adaptive, (bool, np.bool_)):
-            raise TypeError(f"{name}: `adaptive` must be True or False, got {adaptive!r}")
-        self.adaptive = bool(adaptive)
-        self.safety = _number(name, "safety", safety, 0.0, 1.0)
-        self.qmin = _number(name, "qmin", qmin, 0.0, 1.0)
-        self.qmax = _number(name, "qmax", qmax, 1.0, np.inf)
-        if isinstance(beta2, bool) or not isinstance(beta2, (int, float)) \
-                or not 0 <= beta2 < 0.2:
-            raise ValueError(f"{name}: `beta2` must be a number in [0, 0.2), got {beta2!r}")
-        self.beta2 = float(beta2)
-        self.beta1 = 1.0 / (self.tableau.embedded_order + 1) - 0.75 * self.beta2
+        self.adaptive = check_adaptive(self, adaptive)
+        pi_controller(self, safety, qmin, qmax, beta2, self.tableau.embedded_order)
 
     @property
     def order(self):
@@ -99,8 +90,3 @@ class Rodas5(Solver):
         return out
 
 
-def _number(cls, name, v, lo, hi):
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-            or not (lo < v <= hi):
-        raise ValueError(f"{cls}: `{name}` must be a number in ({lo:g}, {hi:g}], got {v!r}")
-    return float(v)

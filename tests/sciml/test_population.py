@@ -67,7 +67,7 @@ def test_bad_input(population):
         sciml.Population(p, d, ["nope"])
     with pytest.raises(ValueError, match="one Data per problem"):
         sciml.Population(p, d[:2], ["log_CL"])
-    with pytest.raises(ValueError, match="`penalty` must be a number >= 0"):
+    with pytest.raises(ValueError, match="Population: `penalty` must be a finite number >= 0"):
         sciml.Population(p, d, ["log_CL"], penalty=-1)
     with pytest.raises(ValueError, match="`x` must have length 7"):
         population.loss_and_grad(np.zeros(3))

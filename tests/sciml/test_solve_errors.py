@@ -6,12 +6,14 @@ import warnings
 import numpy as np
 import pytest
 
-from sciml.problem import ODEProblem
+import adjoints
+from sciml.problem import Bolus, Infusion, ODEProblem
 from sciml.solution import SolveWarning
 from sciml.solve import solve
 from sciml.solvers import base
 from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
 from sciml.solvers.kernels import control as ctl
+from sciml.solvers.rosenbrock import Rodas5
 
 from . import handmade as hm
 
@@ -98,12 +100,13 @@ def test_solver_settings_errors():
         RK4(adaptive=True)
     with pytest.raises(TypeError, match="Tsit5: `adaptive` must be True or False, got 1"):
         Tsit5(adaptive=1)
-    with pytest.raises(ValueError, match=re.escape("DP5: `safety` must be a finite number > 0 "
-                                                   "and <= 1.0, got 1.5")):
+    with pytest.raises(ValueError, match=re.escape("DP5: `safety` must be a number in (0, 1], "
+                                                   "got 1.5")):
         DP5(safety=1.5)
-    with pytest.raises(ValueError, match="`qmin` must be a finite number > 0"):
+    with pytest.raises(ValueError, match=re.escape("BS3: `qmin` must be a number in (0, 1], "
+                                                   "got 0")):
         BS3(qmin=0)
-    with pytest.raises(ValueError, match="Vern7: `qmax` must be > 1, got 0.5"):
+    with pytest.raises(ValueError, match="Vern7: `qmax` must be a finite number > 1, got 0.5"):
         Vern7(qmax=0.5)
     with pytest.raises(ValueError, match=re.escape("`beta2` must be a number in [0, 0.2)")):
         Tsit5(beta2=0.5)
@@ -220,3 +223,25 @@ def test_custom_tableau_and_base_class(prob):
     ref = solve(prob, Vern7(), rtol=1e-10, atol=1e-10, saveat=sol.t)
     np.testing.assert_allclose(sol.u, ref.u, rtol=1e-4)
     assert repr(Heun()) == "Heun()"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Bolus(float("nan"), 1.0, "a"), "Bolus: `time` must be a finite number, got nan"),
+    (lambda: Bolus(0.0, "1", "a"), "Bolus: `amount` must be a finite number, got '1'"),
+    (lambda: Bolus(0.0, 1.0, "a", count=0), "Bolus: `count` must be a positive int, got 0"),
+    (lambda: Bolus(0.0, 1.0, "a", count=3), "Bolus: `count=3` needs `every`"),
+    (lambda: Bolus(0.0, 1.0, "a", every=-2.0, count=3),
+     "Bolus: `every` must be a finite number > 0, got -2.0"),
+    (lambda: Infusion(0.0, 0.0, 1.0, "a"),
+     "Infusion: `duration` must be a finite number > 0, got 0.0"),
+    (lambda: Rodas5(qmax=0.5), "Rodas5: `qmax` must be a finite number > 1, got 0.5"),
+    (lambda: Rodas5(beta2=True), "Rodas5: `beta2` must be a number in [0, 0.2), got True"),
+    (lambda: adjoints.GaussAdjoint(rtol=0.0),
+     "GaussAdjoint: `rtol` must be None or a finite number > 0, got 0.0"),
+    (lambda: adjoints.QuadratureAdjoint(quad_rtol=float("inf")),
+     "QuadratureAdjoint: `quad_rtol` must be None or a finite number > 0, got inf"),
+])
+def test_settings_objects_name_the_bad_argument(make, message):
+    # every settings object checks through sciml._validate: one wording everywhere
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
