@@ -7,10 +7,18 @@ fine: every file is new). The locators here are tried before numba's own, claim 
 the files of one group (a set of folders), and add a fingerprint of every source of
 the group to the stamp, so a change to any of them recompiles the group. `install`
 sets up the group of nets' own files; `sciml` adds its compiled engine the same way.
+
+The fingerprint also names the folder a group's cache lives in (``__pycache__/g<hash>``):
+numba unpickles a function's whole cache index, types included, before it compares
+stamps, so an index written by other sources (an upgrade that renamed a struct class)
+would fail to load instead of missing. Folders of other fingerprints are removed when
+a group first writes beside them.
 """
 
 import functools
 import hashlib
+import re
+import shutil
 from pathlib import Path
 
 from numba.core import caching
@@ -57,10 +65,32 @@ def install_group(name, folders, stamp):
         def get_source_stamp(self):
             return super().get_source_stamp(), stamp()
 
+        def get_cache_path(self):
+            return str(Path(super().get_cache_path()) / f"g{stamp()}")
+
+        def ensure_cache_path(self):
+            super().ensure_cache_path()
+            _prune(Path(self.get_cache_path()))
+
     ours = [type(f"{name}{base.__name__}", (_Group, base), {})
             for base in (caching.UserProvidedCacheLocator, caching.InTreeCacheLocator,
                          caching.UserWideCacheLocator)]
     impl._locator_classes = ours + list(impl._locator_classes)
+
+
+_STALE = re.compile(r"g[0-9a-f]{16,}$")
+_pruned = set()
+
+
+def _prune(path):
+    """Remove the cache folders of other fingerprints beside ``path`` (once per folder)."""
+    parent = path.parent
+    if parent in _pruned:
+        return
+    _pruned.add(parent)
+    for other in parent.iterdir():
+        if other != path and other.is_dir() and _STALE.match(other.name):
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def install():

@@ -25,7 +25,7 @@ from ._validate import (
 )
 from .chained import chained, observation_loss
 from .data import Data
-from .losses import SSE, Loss
+from .losses import SSE, ObservationLoss
 from .problem import ODEProblem, problem_list
 from .solution import SolveWarning
 from .solvers import common
@@ -46,7 +46,7 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
         the value and gradient are sums over it, computed in parallel threads.
     data : Data or list of Data
         Observations, one `Data` per problem; times inside the problem's tspan.
-    loss : sciml.losses.Loss, optional
+    loss : sciml.losses.ObservationLoss, optional
         `SSE()` (default) or `GaussianNLL(sigma=...)`.
     solver : ExplicitRK, optional
         Tsit5() by default.
@@ -302,7 +302,7 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
             raise ValueError(f"loss_and_grad: problems must share one parameter vector; prob[{i}]"
                              f" has {p.model.n_params} parameters, prob[0] {model.n_params}")
     loss = SSE() if loss is None else loss
-    if not isinstance(loss, Loss):
+    if not isinstance(loss, ObservationLoss):
         raise TypeError(f"loss_and_grad: `loss` must be a sciml loss (SSE(), GaussianNLL(...)), "
                         f"got {type(loss).__name__}")
     solver = _TSIT5 if solver is None else solver

@@ -32,7 +32,7 @@ Solving and gradients
 `solve` integrates one `ODEProblem` or a list, `loss_and_grad` returns a loss
 on `sciml.Data` and its gradient over the flat parameter vector, with the
 losses of `sciml.losses` (`SSE`, `GaussianNLL`) computed in JAX (any other
-`sciml.losses.Loss` is evaluated in numpy on the predictions and pulled back
+`sciml.losses.ObservationLoss` is evaluated in numpy on the predictions and pulled back
 through JAX's vjp). Doses are handled as in the numba path:
 
 - the integration is split at every dose boundary (the same schedule as
@@ -728,9 +728,9 @@ def loss_and_grad(prob, data, loss=None, solver="Tsit5", adjoint="recursive_chec
     prob : ODEProblem or list of ODEProblem
     data : sciml.Data or list of sciml.Data
         One per problem; states or named observables, NaN = missing.
-    loss : sciml.losses.Loss, optional
+    loss : sciml.losses.ObservationLoss, optional
         Default `sciml.SSE()`. `SSE` and `GaussianNLL` run in JAX; another
-        Loss is called in numpy on the predictions and pulled back by vjp.
+        The loss is called in numpy on the predictions and pulled back by vjp.
     solver : str, sciml solver or diffrax solver
         Default ``"Tsit5"``; see `solve`.
     adjoint : {"recursive_checkpoint", "backsolve"} or a diffrax adjoint
@@ -765,7 +765,7 @@ def loss_and_grad(prob, data, loss=None, solver="Tsit5", adjoint="recursive_chec
     probs, many = problem_list(prob, "sciml.jax: ")
     datas = _check_data(data, probs, many)
     loss = _losses.SSE() if loss is None else loss
-    if not isinstance(loss, _losses.Loss):
+    if not isinstance(loss, _losses.ObservationLoss):
         raise TypeError(f"sciml.jax.loss_and_grad: `loss` must be a sciml loss such as "
                         f"sciml.SSE(), got {loss!r}")
     models = {id(p.model) for p in probs}
@@ -847,7 +847,7 @@ def _data_arrays(datas):
 
 
 def _numpy_loss(fns, loss, model, theta, shared, batch, datas, per_problem):
-    """Any `sciml.losses.Loss`: predictions in JAX, the loss in numpy, vjp back.
+    """Any `sciml.losses.ObservationLoss`: predictions in JAX, the loss in numpy, vjp back.
 
     Returns per-problem values, the gradient (summed, or per problem) and the
     per-problem success flags.

@@ -11,11 +11,12 @@ import math
 
 import numpy as np
 
-__all__ = ["Loss", "SSE", "GaussianNLL"]
+__all__ = ["ObservationLoss", "SSE", "GaussianNLL"]
 
 
-class Loss:
-    """Base of the losses: ``loss(yhat, data, theta, model) -> (value, ybar, pbar or None)``."""
+class ObservationLoss:
+    """Base of the losses on observations of a solution (a network's training losses are
+    `nets.losses.Loss`): ``loss(yhat, data, theta, model) -> (value, ybar, pbar or None)``."""
 
     def bind(self, model):
         """Check the loss against ``model`` (once, before a fit); returns self."""
@@ -25,7 +26,7 @@ class Loss:
         raise NotImplementedError
 
 
-class SSE(Loss):
+class SSE(ObservationLoss):
     """Sum of squared errors ``sum w * (yhat - y)**2`` over the observed values.
 
     The weights are `Data`'s ``weights`` (1 where none were given); missing
@@ -41,7 +42,7 @@ class SSE(Loss):
         return "SSE()"
 
 
-class GaussianNLL(Loss):
+class GaussianNLL(ObservationLoss):
     """Negative log-likelihood of independent Gaussian errors, with the noise level fitted.
 
     ``L = sum over observed values of 0.5 * ((yhat - y) / sigma)**2 + log(sigma) + 0.5 log(2 pi)``

@@ -22,7 +22,7 @@ from sciml._jit import jit, pjit
 from sciml.solvers.kernels.calls import K_WS
 from sciml.solvers.kernels.control import SUCCESS
 from sciml.solvers.kernels.family import integrate, integrate_stored
-from sciml.solvers.kernels.structs import S_NACC, S_NFEV, Control, Lin, Model, Record
+from sciml.solvers.kernels.structs import S_NACC, S_NFEV, BoundModel, Control, Lin, Record
 from sciml.solvers.kernels.system import Forward
 
 from .discrete import erk_reverse
@@ -85,7 +85,7 @@ def sse_jumps(U, Yd, Wd, cols, n):
 @jit
 def _plain_system(kern, p):
     """``(model, forward system)`` of a plain problem: no doses, no Rosenbrock buffers."""
-    m = Model(kern, p, np.zeros(max(kern[K_WS], 1)))
+    m = BoundModel(kern, p, np.zeros(max(kern[K_WS], 1)))
     no_i = np.zeros(0, dtype=np.int64)
     no2 = np.zeros((0, 0))
     return m, Forward(m, no_i, no_i, np.zeros(0), Lin(no2, no2, no_i, no2, no_i, np.zeros(0)))

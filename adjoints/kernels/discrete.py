@@ -46,7 +46,7 @@ def _obs_at_end(obs_t, G, lam, q, t_end):
 def erk_reverse(m, tab, rec, n_steps, obs_t, G, lam, pbar):
     """The discrete adjoint of an ERK solve.
 
-    m : the model (`structs.Model`); tab, rec, n_steps : the forward tableau and its
+    m : the model (`structs.BoundModel`); tab, rec, n_steps : the forward tableau and its
     stored steps (with the extra interpolant stages of the steps that saved an
     observation); obs_t (T,), G (T, n) : observation times and dL/du there.
     lam (n,) out: dL/du0 (after the boluses at t0); pbar (n_params,) added to.

@@ -41,7 +41,7 @@ from sciml.solvers.kernels.linsolve import (
     lin_solve2,
     lin_solve_t,
 )
-from sciml.solvers.kernels.structs import Model, Record
+from sciml.solvers.kernels.structs import BoundModel, Record
 from sciml.solvers.kernels.system import never, no_accept, register, sys_event, sys_f
 
 # QUADPACK's 15-point Kronrod rule and its embedded 7-point Gauss rule on [-1, 1]
@@ -71,7 +71,7 @@ class Adjoint(NamedTuple):
     the Rosenbrock step's time, ihg, unused.
     """
 
-    m: Model
+    m: BoundModel
     fsys: object
     ftab: object
     frec: Record
@@ -137,7 +137,7 @@ class Sens(NamedTuple):
     Rosenbrock buffers; at : (3,); cols : (k,) int64, the parameters followed.
     """
 
-    m: Model
+    m: BoundModel
     fsys: object
     J: np.ndarray
     Jp: np.ndarray

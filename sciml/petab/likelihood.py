@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from ..data import Data
-from ..losses import Loss
+from ..losses import ObservationLoss
 from .errors import PetabError
 
 __all__ = ["Measurements", "NegLogLikelihood", "DISTRIBUTIONS", "log_prior"]
@@ -49,7 +49,7 @@ class Measurements(Data):
         self.value, self.dist, self.transform = value, kind, transform
 
 
-class NegLogLikelihood(Loss):
+class NegLogLikelihood(ObservationLoss):
     """``-log L`` of the measurement rows of a `Measurements`, PEtab's densities."""
 
     def __call__(self, yhat, data, theta, model):

@@ -30,7 +30,7 @@ STATUS_TEXT = {
 }
 
 
-class Dense(NamedTuple):
+class StoredSteps(NamedTuple):
     """A solve's stored steps, for `Solver.interpolate`: the system and tableau that made
     them, the `Record` and the number of steps."""
 
@@ -47,7 +47,7 @@ class RawSolution:
     t, u : saved times (n_save,) and states (n_save, n_states)
     status : one of the codes above; t_end: time reached
     stats : nfev, n_accepted, n_rejected (+ njac, nlu for implicit methods)
-    dense : None, or the solve's stored steps (`Dense`), evaluated by
+    dense : None, or the solve's stored steps (`StoredSteps`), evaluated by
         ``solver.interpolate(dense, t_query, out)``.
     """
 
@@ -56,7 +56,7 @@ class RawSolution:
     status: int
     t_end: float
     stats: dict = field(default_factory=dict)
-    dense: Dense | None = None
+    dense: StoredSteps | None = None
 
 
 def pi_controller(solver, safety, qmin, qmax, beta2, order):
@@ -166,7 +166,7 @@ class Solver:
                  "n_rejected": int(st[S_NREJ])}
         if self.stiff:
             stats.update(njac=int(st[S_NJAC]), nlu=int(st[S_NLU]))
-        dense_data = Dense(sys, tab, rec, int(st[S_NACC])) if dense else None
+        dense_data = StoredSteps(sys, tab, rec, int(st[S_NACC])) if dense else None
         return RawSolution(t, rec.save_z[:k].copy(), int(status), float(t_end), stats,
                            dense_data)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .kernels import krylov
-from .kernels.structs import Lin, Model, lin
+from .kernels.structs import BoundModel, Lin, lin
 from .kernels.system import Forward, Infused
 
 _NO_INT = np.zeros(0, dtype=np.int64)
@@ -155,7 +155,7 @@ def forward_system(table, params, sched, n, stiff=False, linear=None):
     with the implicit steps' linear-algebra buffers, ``linear`` (`linear_algebra`;
     dense when not given).
     """
-    m = Model(table, params, np.zeros(max(int(table[0]), 1)))
+    m = BoundModel(table, params, np.zeros(max(int(table[0]), 1)))
     la = (linear if linear is not None else lin(n)) if stiff else _NO_LIN
     parts = (m, sched.bolus_offsets(), sched.bolus_i, sched.bolus_a, la)
     if sched.has_rate:

@@ -8,7 +8,7 @@ from nets import bilinear
 from nets.bilinear import Bilinear
 
 from ..alloc import allocations_in, needs_jit
-from .layer_check import Run, check_fd, check_jax
+from .layer_checks import Run, check_fd, check_jax
 
 
 @pytest.mark.parametrize("bias", [True, False])

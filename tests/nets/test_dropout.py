@@ -8,7 +8,7 @@ from nets import dropout
 from nets.dropout import AlphaDropout, Dropout, Dropout1d, Dropout2d, Dropout3d
 
 from ..alloc import allocations_in, needs_jit
-from .layer_check import Run, check_fd, check_jax
+from .layer_checks import Run, check_fd, check_jax
 
 
 @pytest.mark.parametrize("make, shape", [

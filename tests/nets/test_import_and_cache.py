@@ -182,3 +182,56 @@ def test_an_edit_to_an_inlined_nets_source_recompiles(tmp_path):
     with open(pkg / "_bits.py", "a") as f:
         f.write("\n# an edit\n")
     assert run() == [0, 1]  # compiled again, not the stale copy
+
+
+STRUCT_FILE = """from typing import NamedTuple
+
+from numba import njit
+
+
+class {name}(NamedTuple):
+    x: float
+
+
+@njit(cache=True)
+def f(s):
+    return s.x + 1.0
+"""
+
+STRUCT_WORK = """
+import json, sys
+from pathlib import Path
+src = Path(sys.argv[1])
+sys.path[:0] = [str(src)]
+from nets import _cache
+_cache.install_group("Probe", [src], lambda: (src / "stamp.txt").read_text())
+import grouped
+grouped.f(grouped.__dict__[sys.argv[2]](1.0))
+folders = sorted(p.name for p in Path(sys.argv[3]).rglob("g*") if p.is_dir()
+                 and "src" in p.parent.name)
+print(json.dumps([sum(grouped.f.stats.cache_hits.values()),
+                  sum(grouped.f.stats.cache_misses.values()), folders]))
+"""
+
+
+@pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
+def test_a_renamed_struct_in_new_sources_is_a_cache_miss_not_an_error(tmp_path):
+    # numba unpickles a function's whole cache index (its argument types included) before
+    # comparing stamps: an index written before a struct class was renamed would raise
+    # AttributeError. Each fingerprint has its own folder; the old one is removed.
+    src, cache = tmp_path / "src", tmp_path / "numba"
+    src.mkdir()
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache))
+
+    def run(name, stamp):
+        (src / "grouped.py").write_text(STRUCT_FILE.format(name=name))
+        (src / "stamp.txt").write_text(stamp)
+        out = subprocess.run([sys.executable, "-c", STRUCT_WORK, str(src), name, str(cache)],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    old, new = "0123456789abcdef", "fedcba9876543210"
+    assert run("Point", old) == [0, 1, [f"g{old}"]]  # compiled
+    assert run("Point", old) == [1, 0, [f"g{old}"]]  # loaded
+    assert run("Spot", new) == [0, 1, [f"g{new}"]]  # compiled; the stale folder is gone

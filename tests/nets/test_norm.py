@@ -8,7 +8,7 @@ from nets import norm
 from nets.norm import BatchNorm, InstanceNorm, LayerNorm
 
 from ..alloc import allocations_in, needs_jit
-from .layer_check import Run, check_fd, check_jax
+from .layer_checks import Run, check_fd, check_jax
 
 
 def bn_ref(x, w, b, eps, mean=None, var=None):

@@ -8,7 +8,7 @@ from nets import softmax
 from nets.softmax import LogSoftmax, Softmax, softmax_np
 
 from ..alloc import allocations_in, needs_jit
-from .layer_check import Run, check_fd, check_jax
+from .layer_checks import Run, check_fd, check_jax
 
 
 @pytest.mark.parametrize("cls", [Softmax, LogSoftmax])

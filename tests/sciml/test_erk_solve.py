@@ -11,7 +11,7 @@ from sciml.problem import Bolus, Infusion, ODEProblem
 from sciml.solve import solve
 from sciml.solvers.erk import BS3, DP5, RK4, Euler, Tsit5, Vern7
 from sciml.solvers.kernels import calls, erk, system
-from sciml.solvers.kernels.structs import S_NACC, S_NFEV, Model
+from sciml.solvers.kernels.structs import S_NACC, S_NFEV, BoundModel
 
 from ..alloc import allocations_in, allocs, needs_jit, own_allocations
 from . import handmade as hm
@@ -244,7 +244,7 @@ def loop_allocations(loop, args):
 class Leaky(NamedTuple):
     """A test system whose right-hand side allocates: a planted per-step allocation."""
 
-    m: Model
+    m: BoundModel
 
 
 def _leaky_f(sys, out, z, t, k):

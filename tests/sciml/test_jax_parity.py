@@ -22,7 +22,7 @@ pytest.importorskip("diffrax")
 import sciml  # noqa: E402
 import sciml.jax as sj  # noqa: E402
 from nets import Chain, Dense  # noqa: E402
-from sciml.losses import SSE, GaussianNLL, Loss  # noqa: E402
+from sciml.losses import SSE, GaussianNLL, ObservationLoss  # noqa: E402
 
 from . import model_zoo as Z  # noqa: E402
 
@@ -136,7 +136,7 @@ def test_spiral_gradient_backsolve(spiral):
 # ---------------------------------------------------------------------- UDE
 
 
-class HalfSSE(Loss):
+class HalfSSE(ObservationLoss):
     """A loss sciml.jax has no JAX formula for: evaluated in numpy, pulled back by vjp."""
 
     def __call__(self, yhat, data, theta, model):
@@ -165,7 +165,7 @@ def test_ude_solution(ude):
 
 
 def test_ude_gradient_numpy_loss(ude):
-    """A custom Loss subclass (numpy), weights and NaN mask; `params` replaces the problem's."""
+    """A custom ObservationLoss (numpy), weights and NaN mask; `params` replaces the problem's."""
     model, prob, data, theta = ude
     theta = theta.copy()
     theta[0] *= 1.1

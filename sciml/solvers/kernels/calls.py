@@ -91,7 +91,7 @@ def call_hvp(typingctx, addr, ubar, pbar, lam, v, u, p, t, ws):
 
 
 def rhs(m, du, u, t):
-    """du = f(u, p, t) of model ``m`` (a `structs.Model`, or a `linked.Linked`)."""
+    """du = f(u, p, t) of model ``m`` (a `structs.BoundModel`, or a `linked.Linked`)."""
     raise NotImplementedError("kernel calls run only inside compiled loops")
 
 

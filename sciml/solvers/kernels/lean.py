@@ -26,21 +26,21 @@ from sciml._jit import OPTIONS, borrow, jit, keep_alive
 from .calls import K_WS
 from .erk import erk_integrate
 from .linked import Linked, n_states
-from .structs import S_NACC, S_NFEV, S_NREJ, S_NSAVE, Control, Lin, Model, Record
+from .structs import S_NACC, S_NFEV, S_NREJ, S_NSAVE, BoundModel, Control, Lin, Record
 from .system import Forward
 
 _integrate = jit(inline="always")(erk_integrate.py_func)  # the constants fold into it
 
 
 def bind(kern, p, ws, code):
-    """The model of a lean solve: a `Model`, or with ``code`` a `Linked` one."""
+    """The model of a lean solve: a `BoundModel`, or with ``code`` a `Linked` one."""
     raise NotImplementedError("compiled loops only")
 
 
 @overload(bind, jit_options=OPTIONS, inline="always")
 def _ov_bind(kern, p, ws, code):
     if code is types.none:
-        return lambda kern, p, ws, code: Model(kern, p, ws)
+        return lambda kern, p, ws, code: BoundModel(kern, p, ws)
     return lambda kern, p, ws, code: Linked(kern, p, ws, code)
 
 # The tail of ``keep``: t_end, nfev, n_accepted, n_rejected, n_saved.

@@ -76,7 +76,7 @@ def _constant(context, builder, ty, pyval):
 
 
 class Linked(NamedTuple):
-    """A `structs.Model` whose right-hand side is ``code``, linked in (see the module)."""
+    """A `structs.BoundModel` whose right-hand side is ``code``, linked in (see the module)."""
 
     kern: np.ndarray
     p: np.ndarray

@@ -5,13 +5,13 @@ import numpy as np
 from sciml._jit import jit
 
 from . import calls
-from .structs import Model
+from .structs import BoundModel
 
 
 @jit
 def observe_along(kern, p, ws, Y, ts, U):
     """``Y[i] = g(U[i], p, ts[i])``: Y (T, n_obs), U (T, n)."""
-    m = Model(kern, p, ws)
+    m = BoundModel(kern, p, ws)
     for i in range(ts.shape[0]):
         calls.observe(m, Y[i], U[i], ts[i])
 
@@ -22,7 +22,7 @@ def observe_jumps(kern, p, ws, G, pbar, Ybar, U, ts, ub):
 
     G (T, n) is added to (an adjoint's jumps); U (T, n) the states; ub (n,) scratch.
     """
-    m = Model(kern, p, ws)
+    m = BoundModel(kern, p, ws)
     for q in range(ts.shape[0]):
         calls.observe_vjp(m, ub, pbar, Ybar[q], U[q], ts[q])
         for i in range(ub.shape[0]):
@@ -37,7 +37,7 @@ def observe_sensitivities(kern, p, ws, U, S, ts, rows, cols, y, f, F):
     ``cols[j]``): ``f[j] = g_c(U[r], p, ts[r])`` and ``F[j] = dg_c/du S[r] + dg_c/dp``.
     U (T, n), S (T, n, n_params), y (n_obs,) scratch, f (m,), F (m, n_params).
     """
-    m = Model(kern, p, ws)
+    m = BoundModel(kern, p, ws)
     n = U.shape[1]
     npar = p.shape[0]
     ybar = np.zeros(y.shape[0])

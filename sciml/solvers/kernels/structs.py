@@ -2,7 +2,7 @@
 
 A loop's arguments, in one screen: ``(sys, tab, ctl, stops, z, rec)``
 
-- ``sys``: the system integrated, whose type says how (`Model` inside a
+- ``sys``: the system integrated, whose type says how (`BoundModel` inside a
   `sciml.solvers.kernels.system.Forward`, or an adjoint system of
   `adjoints.kernels`);
 - ``tab``: the method's coefficients, `ERKTableau` or `RosTableau` (arrays; the
@@ -22,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 
-class Model(NamedTuple):
+class BoundModel(NamedTuple):
     """A model bound to its parameters.
 
     kern : int64 (K_SIZE,), the kernel table (`calls`); p : (n_params,); ws : the

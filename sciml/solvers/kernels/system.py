@@ -34,7 +34,7 @@ from sciml._jit import OPTIONS
 
 from . import calls
 from .linsolve import lin_factor, lin_jac, lin_mass, lin_solve
-from .structs import Lin, Model
+from .structs import BoundModel, Lin
 
 _IMPLS = {}  # hook name -> {system class: implementation}
 
@@ -161,7 +161,7 @@ class Forward(NamedTuple):
     lin : the implicit steps' linear algebra (`linsolve`; empty for explicit methods).
     """
 
-    m: Model
+    m: BoundModel
     bolus_off: np.ndarray
     bolus_i: np.ndarray
     bolus_a: np.ndarray
@@ -175,7 +175,7 @@ class Infused(NamedTuple):
     right-hand side call (a branch there kept LLVM from unrolling the stages).
     """
 
-    m: Model
+    m: BoundModel
     bolus_off: np.ndarray
     bolus_i: np.ndarray
     bolus_a: np.ndarray
