@@ -749,11 +749,22 @@ _DEFAULT0 = tuple(float(e[3]) for e in _KERNELS)
 _DEFAULT1 = tuple(float(e[4]) for e in _KERNELS)
 
 
-@jit
+@jit(inline="always")
 def activate_row_c(code, c0, c1, buf, zo, do, n, need_d):
     """Apply activation `code` with the constants ``c0, c1`` (float64; see
     `Activation.constants`; ignored by an activation without them) to buf[zo:zo+n] in
     place; derivative to buf[do:do+n].
+
+    The arguments are converted to one set of types here, so the table below is compiled
+    once per buffer type, whatever integer and float types the callers hold.
+    """
+    _activate_row(np.int64(code), np.float64(c0), np.float64(c1), buf, np.int64(zo),
+                  np.int64(do), np.int64(n), bool(need_d))
+
+
+@jit
+def _activate_row(code, c0, c1, buf, zo, do, n, need_d):
+    """`activate_row_c` on its one set of argument types.
 
     The branch on `code` sits outside the element loops (one loop per table
     row, unrolled at compile time), so each loop is a straight vectorisable body.

@@ -89,7 +89,7 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
         if lean is None or lean[0] is not prob.model:
             lean = solver._lean(prob.model) if isinstance(solver, ExplicitRK) else None
         if lean is not None:
-            model, loop, n, extra, entries, left = lean
+            model, loop, n, extra, entries, left, (tab, settings) = lean
             ns = saveat.shape[0]
             out_u, keep = np.empty((ns, n)), np.empty(ns + extra)
             t0, tf = prob.tspan
@@ -100,9 +100,10 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
             call = entries.get(type(atol))
             if call is None:
                 call = _entry_point(entries, loop, atol, (
-                    kern, prob._u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol, 0.0, 1))
-            status = call(kern, prob._u0, prob.params, saveat, out_u, keep, atol, t0, tf, rtol,
-                          0.0 if dt is None else dt, max_steps)
+                    kern, tab, settings, prob._u0, prob.params, saveat, out_u, keep, atol, t0,
+                    tf, rtol, 0.0, 1))
+            status = call(kern, tab, settings, prob._u0, prob.params, saveat, out_u, keep, atol,
+                          t0, tf, rtol, 0.0 if dt is None else dt, max_steps)
             if left[0]:  # counting down to the fused entry point (`ExplicitRK._fuse`)
                 left[0] -= 1
                 if not left[0]:

@@ -51,7 +51,7 @@ def allocations_in(kernel, args, n=20):
     a1 = allocs()
     repeat(kernel, 1 + n, args)
     a2 = allocs()
-    unboxing = sum(isinstance(a, np.ndarray) for a in args)
+    unboxing = n_arrays(args)
     return (a1 - a0) - unboxing, ((a2 - a1) - (a1 - a0)) / n
 
 

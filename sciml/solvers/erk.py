@@ -46,6 +46,10 @@ class ExplicitRK(Solver):
     """
 
     tableau: tableaus.ButcherTableau = None
+    #: `sciml.solve`'s common case compiles an entry point of this method's own with its
+    #: coefficients as constants (faster per solve, one more compile: the default solver
+    #: has it); otherwise it shares the entry point of every tableau
+    fold_constants = False
 
     def __init__(self, adaptive=None, safety=0.9, qmin=0.2, qmax=10.0, beta2=0.04):
         cls = type(self).__name__
@@ -90,39 +94,44 @@ class ExplicitRK(Solver):
         return self.tableau.n_stages
 
     def _lean(self, model):
-        """``(model, entry, n_states, extra, entries, left)`` for `sciml.solve`'s lean path
-        (cached for the last model): ``entry`` is `kernels.lean`'s entry point for this
-        tableau and these settings, ``extra`` the length of ``keep`` beyond the save
-        times, ``entries`` its compiled functions by the type of atol, ``left`` (a
-        one-item list) the lean solves before the fused entry is made (0: never)."""
+        """``(model, entry, n_states, extra, entries, left, head)`` for `sciml.solve`'s
+        lean path (cached for the last model): ``entry`` is `kernels.lean`'s entry point
+        (this tableau's own when `fold_constants`, else the one every tableau shares),
+        ``extra`` the length of ``keep`` beyond the save times, ``entries`` its compiled
+        functions by the type of atol, ``left`` (a one-item list) the lean solves before
+        the fused entry is made (0: never), ``head`` the arguments before the problem's:
+        the tableau and the controller's settings."""
         lean = self.__dict__.get("_lean_cache")
         if lean is not None and lean[0] is model:
             return lean
-        entry = _lean.solve_entry(self.tableau.engine(constants=True), self._settings())
+        entry = _lean.solve_entry(self._folded())
         model.kernel_table("rhs")
         extra = model.n_states + model.n_params + _lean.KEEP_TAIL
-        lean = (model, entry, model.n_states, extra, {}, [max(FUSE_AFTER, 0)])
+        settings = np.array([self.safety, self.qmin, self.qmax, self.beta1, self.beta2,
+                             float(self.adaptive)])
+        lean = (model, entry, model.n_states, extra, {}, [max(FUSE_AFTER, 0)],
+                (self.tableau.engine(), settings))
         self.__dict__["_lean_cache"] = lean
         return lean
 
-    def _settings(self):
-        return (self.safety, self.qmin, self.qmax, self.beta1, self.beta2, self.adaptive)
+    def _folded(self):
+        return self.tableau.engine(constants=True) if self.fold_constants else None
 
     def _fuse(self, lean):
         """Compile the fused entry point of ``lean``'s model (`kernels.linked`) in a
         background thread, for the argument types seen so far; swapped in when ready.
         Nothing for a model whose code cannot be linked (`Model.linked_code`): its IR is
         printed here, not on the way to a first solve."""
-        model, entry, n, extra, entries, _ = lean
+        model, entry, n, extra, entries, _, head = lean
         code = model.linked_code()
         if code is None:
             return
         sigs = list(getattr(entry, "overloads", {}))
-        fused = _lean.solve_entry(self.tableau.engine(constants=True), self._settings(), code)
+        fused = _lean.solve_entry(self._folded(), code)
 
         def work():
             try:
-                done = {float if isinstance(sig[6], numba.types.Float) else np.ndarray:
+                done = {float if isinstance(sig[8], numba.types.Float) else np.ndarray:
                         fused.compile(sig) for sig in sigs}
             except Exception as e:  # never needed: the generic entry keeps running
                 warnings.warn(f"{self.name}: no fused solve for {model!r}: {e}", RuntimeWarning,
@@ -130,7 +139,8 @@ class ExplicitRK(Solver):
                 return
             # `entry` stays the fallback for an argument type not seen yet
             if self.__dict__.get("_lean_cache") is lean:
-                self.__dict__["_lean_cache"] = (model, entry, n, extra, {**entries, **done}, [0])
+                self.__dict__["_lean_cache"] = (model, entry, n, extra, {**entries, **done}, [0],
+                                                head)
 
         thread = threading.Thread(target=work, name="sciml-fuse", daemon=True)
         self.__dict__["_fusing"] = thread
@@ -151,6 +161,7 @@ class Tsit5(ExplicitRK):
     """
 
     tableau = tableaus.TSIT5
+    fold_constants = True
 
 
 class DP5(ExplicitRK):

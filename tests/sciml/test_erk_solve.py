@@ -380,12 +380,12 @@ def test_lean_loop_allocations_do_not_grow_with_steps(cls, nrt_stats):
     steps = []
     for tf, ns in ((5.0, 10), (40.0, 200)):
         prob = lv_prob(tspan=(0.0, tf))
-        model, entry, n, extra, _, _ = cls()._lean(prob.model)
+        model, entry, n, extra, _, _, (tab, settings) = cls()._lean(prob.model)
         assert model is prob.model
         kern = model.kernel_table("rhs")
         t = np.linspace(0.0, tf, ns)
         keep = np.empty(ns + extra)
-        args = (kern, prob.u0, prob.params, t, np.empty((ns, n)), keep, 1e-6,
+        args = (kern, tab, settings, prob.u0, prob.params, t, np.empty((ns, n)), keep, 1e-6,
                 0.0, tf, 1e-6, 0.0, 100_000)
         assert entry(*args) == 0
         steps.append(keep[-3])  # n_accepted (the tail: t_end, nfev, nacc, nrej, nsave)

@@ -49,7 +49,7 @@ from .control import (
     hmin,
 )
 from .erk import find_step
-from .structs import S_NACC, S_NFEV, S_NJAC, S_NLU, S_NREJ, S_NSAVE
+from .record import copy_row, record_at, record_counts, saves_inside, storage_full
 from .system import sys_event, sys_f, sys_factor, sys_jac, sys_mass, sys_solve
 
 MAX_ORDER = 5
@@ -163,27 +163,14 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
         kap = tab.kappa[k_] if k_ < tab.kappa.shape[0] else 0.0
         alpha[k_] = (1.0 - kap) * gamma[k_]
         errc[k_] = kap * gamma[k_] + 1.0 / (k_ + 1)
-    save_t, save_z, all_t = rec.save_t, rec.save_z, rec.all_t
-    d_t, d_z, d_k, d_have, d_seg = rec.d_t, rec.d_z, rec.d_k, rec.d_have, rec.d_seg
-    every, dense = rec.every, rec.dense
+    save_t, save_z = rec.save_t, rec.save_z
+    d_k, d_have, d_seg = rec.d_k, rec.d_have, rec.d_seg
+    dense = rec.dense
     nseg = stops.shape[0] - 1
     tf = stops[nseg]
     t = stops[0]
     sys_event(sys, z, 0)
-    ns = save_t.shape[0]
-    sp = 0
-    nsave = 0
-    if every:
-        all_t[0] = t
-        save_z[0, :] = z
-        nsave = 1
-    else:
-        while sp < ns and save_t[sp] <= t:
-            save_z[sp, :] = z
-            sp += 1
-    if dense:
-        d_t[0] = t
-        d_z[0, :] = z
+    sp, nsave = record_at(rec, t, z, 0, 0, 0)
     nfev = njac = nlu = nacc = nrej = 0
     status = SUCCESS
     mass = sys_mass(sys)  # M dz/dt = f: the history terms are M's
@@ -212,7 +199,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
         if nacc + nrej >= ctl.max_steps:
             status = MAX_STEPS
             break
-        if (every and nsave >= all_t.shape[0]) or (dense and nacc >= d_k.shape[0]):
+        if storage_full(rec, nsave, nacc):
             status = NEED_STORAGE
             break
         t_stop = stops[k + 1]
@@ -323,7 +310,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
         for j in range(order, -1, -1):
             for m in range(nz):
                 D[j, m] += D[j + 1, m]
-        if dense or (not every and sp < ns and save_t[sp] < t_new):
+        if dense or saves_inside(rec, sp, t_new):
             if dense:
                 row = d_k[nacc - 1]
                 for j in range(order + 1):
@@ -331,7 +318,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
                         row[j, m] = D[j, m]
                 d_have[nacc - 1] = order
                 d_seg[nacc - 1] = k
-            while not every and sp < ns and save_t[sp] < t_new:
+            while saves_inside(rec, sp, t_new):
                 bdf_interp(save_z[sp], (save_t[sp] - t_new) / h, D, order)
                 sp += 1
         t = t_new
@@ -390,26 +377,10 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
             h *= fac
             n_equal = 0
             lu_stale = True
-        if every:
-            all_t[nsave] = t
-            save_z[nsave, :] = z
-            nsave += 1
-        else:
-            while sp < ns and save_t[sp] <= t:
-                save_z[sp, :] = z
-                sp += 1
-        if dense:
-            d_t[nacc] = t
-            d_z[nacc, :] = z
+        sp, nsave = record_at(rec, t, z, sp, nsave, nacc)
     keep_alive(own)
     keep_alive(ownm)
-    st = rec.stats
-    st[S_NFEV] = nfev
-    st[S_NACC] = nacc
-    st[S_NREJ] = nrej
-    st[S_NSAVE] = nsave if every else sp
-    st[S_NJAC] = njac
-    st[S_NLU] = nlu
+    record_counts(rec, nfev, nacc, nrej, sp, nsave, njac, nlu)
     return status, t
 
 
@@ -430,6 +401,6 @@ def bdf_store_eval(rec, n_steps, tq, out):
     for q in range(tq.shape[0]):
         tt = tq[q]
         if n_steps == 0 or tt >= rec.d_t[n_steps]:
-            out[q, :] = rec.d_z[n_steps]
+            copy_row(out, q, rec.d_z[n_steps])
             continue
         j = bdf_store_at(rec, n_steps, out[q], tt, -1, j)

@@ -50,14 +50,24 @@ def all_finite(z):
     return True
 
 
-@jit
+@jit(inline="always")
 def hinit(sys, ctl, z, f0, t, k, order, hmax, z1, f1):
     """Hairer's starting step for a method of order ``order`` (one evaluation of f).
 
     ``f0 = f(t, z)`` must be given; ``z1, f1`` are scratch. The step makes the
     local error of an explicit Euler step about 1% of the tolerance (norms over
-    the error-controlled part); in ``(0, hmax]``.
+    the error-controlled part); in ``(0, hmax]``. The arithmetic is in two functions
+    that know nothing of the system, so they are compiled once for every system, not
+    once per system type (only the one evaluation of f is the system's).
     """
+    h0 = _hinit_probe(ctl, z, f0, hmax, z1)
+    sys_f(sys, f1, z1, t + h0, k)
+    return _hinit_step(ctl, z, f0, f1, h0, order, hmax)
+
+
+@jit
+def _hinit_probe(ctl, z, f0, hmax, z1):
+    """The trial step h0 from the norms of z and f0; ``z1 = z + h0 f0``."""
     atol = ctl.atol
     n = atol.shape[0]
     d0 = 0.0
@@ -72,11 +82,21 @@ def hinit(sys, ctl, z, f0, t, k, order, hmax, z1, f1):
     h0 = min(h0, hmax)
     for i in range(z.shape[0]):
         z1[i] = z[i] + h0 * f0[i]
-    sys_f(sys, f1, z1, t + h0, k)
+    return h0
+
+
+@jit
+def _hinit_step(ctl, z, f0, f1, h0, order, hmax):
+    """The step from the second derivative estimated by ``(f1 - f0) / h0``."""
+    atol = ctl.atol
+    n = atol.shape[0]
+    d1 = 0.0
     d2 = 0.0
     for i in range(n):
         sc = atol[i] + ctl.rtol * abs(z[i])
+        d1 += (f0[i] / sc) ** 2
         d2 += ((f1[i] - f0[i]) / sc) ** 2
+    d1 = math.sqrt(d1 / max(n, 1))
     d2 = math.sqrt(d2 / max(n, 1)) / h0
     dmax = max(d1, d2)
     h1 = max(1e-6, h0 * 1e-3) if dmax <= 1e-15 else (0.01 / dmax) ** (1.0 / (order + 1))

@@ -36,7 +36,7 @@ from .control import (
     reject_factor,
     step_to,
 )
-from .structs import S_NACC, S_NFEV, S_NREJ, S_NSAVE
+from .record import copy_row, record_at, record_counts, saves_inside, storage_full
 from .system import sys_accept, sys_event, sys_f, sys_interpolates
 
 # ------------------------------------------------------------------ the step
@@ -158,13 +158,6 @@ def erk_interp(tab, out, theta, h, z, K, w):
 # ------------------------------------------------------------------ the loop
 
 
-@jit(inline="always")
-def _copy(rows, r, z):
-    """``rows[r] = z`` (a plain loop: numba's slice assignment costs more at this size)."""
-    for m in range(z.shape[0]):
-        rows[r, m] = z[m]
-
-
 @jit
 def erk_integrate(sys, tab, ctl, stops, z, rec):
     """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with an explicit RK method.
@@ -191,26 +184,13 @@ def erk_integrate(sys, tab, ctl, stops, z, rec):
     err = buf[o + nz:o + 2 * nz]
     tmp = buf[o + 2 * nz:o + 3 * nz]
     wts = buf[o + 3 * nz:]
-    save_t, save_z, all_t = rec.save_t, rec.save_z, rec.all_t
-    d_t, d_z, d_k, d_have, d_seg = rec.d_t, rec.d_z, rec.d_k, rec.d_have, rec.d_seg
-    every, dense = rec.every, rec.dense
+    save_t, save_z = rec.save_t, rec.save_z
+    d_k, d_have, d_seg = rec.d_k, rec.d_have, rec.d_seg
+    dense = rec.dense
     nseg = stops.shape[0] - 1
     t = stops[0]
     sys_event(sys, z, 0)
-    ns = save_t.shape[0]
-    sp = 0
-    nsave = 0
-    if every:
-        all_t[0] = t
-        _copy(save_z, 0, z)
-        nsave = 1
-    else:
-        while sp < ns and save_t[sp] <= t:
-            _copy(save_z, sp, z)
-            sp += 1
-    if dense:
-        d_t[0] = t
-        _copy(d_z, 0, z)
+    sp, nsave = record_at(rec, t, z, 0, 0, 0)
     sys_f(sys, K[0], z, t, 0)
     nfev = 1
     nacc = 0
@@ -231,7 +211,7 @@ def erk_integrate(sys, tab, ctl, stops, z, rec):
         if nacc + nrej >= ctl.max_steps:
             status = MAX_STEPS
             break
-        if (every and nsave >= all_t.shape[0]) or (dense and nacc >= d_k.shape[0]):
+        if storage_full(rec, nsave, nacc):
             status = NEED_STORAGE
             break
         h_try, lands = step_to(t, h, stops[k + 1])
@@ -261,12 +241,12 @@ def erk_integrate(sys, tab, ctl, stops, z, rec):
         nacc += 1
         # ---- accepted: the system's own work, then output inside the step
         have_extra = False
-        want = not every and sp < ns and save_t[sp] < t_new
+        want = saves_inside(rec, sp, t_new)
         if s_all > s and (want or sys_interpolates(sys)):
             nfev += erk_stages(sys, tab, K, z, t, h_try, k, s, s_all, tmp)
             have_extra = True
         nfev += sys_accept(sys, tab, t, h_try, z, znew, K, k)
-        while want and sp < ns and save_t[sp] < t_new:
+        while want and saves_inside(rec, sp, t_new):
             erk_interp(tab, save_z[sp], (save_t[sp] - t) / h_try, h_try, z, K, wts)
             sp += 1
         if dense:
@@ -300,23 +280,9 @@ def erk_integrate(sys, tab, ctl, stops, z, rec):
         h = h_next
         rejected = False
         nonfinite = False
-        if every:
-            all_t[nsave] = t
-            _copy(save_z, nsave, z)
-            nsave += 1
-        else:
-            while sp < ns and save_t[sp] <= t:
-                _copy(save_z, sp, z)
-                sp += 1
-        if dense:
-            d_t[nacc] = t
-            _copy(d_z, nacc, z)
+        sp, nsave = record_at(rec, t, z, sp, nsave, nacc)
     keep_alive(own)
-    st = rec.stats
-    st[S_NFEV] = nfev
-    st[S_NACC] = nacc
-    st[S_NREJ] = nrej
-    st[S_NSAVE] = nsave if every else sp
+    record_counts(rec, nfev, nacc, nrej, sp, nsave, 0, 0)
     return status, t
 
 
@@ -377,6 +343,6 @@ def store_eval(sys, tab, rec, n_steps, tq, out, tmp):
     for q in range(tq.shape[0]):
         tt = tq[q]
         if n_steps == 0 or tt >= rec.d_t[n_steps]:
-            out[q, :] = rec.d_z[n_steps]
+            copy_row(out, q, rec.d_z[n_steps])
             continue
         j = store_at(sys, tab, rec, n_steps, out[q], tt, -1, j, tmp)

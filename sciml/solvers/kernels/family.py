@@ -40,7 +40,7 @@ def _family(tab):
     return getattr(tab, "instance_class", None)
 
 
-@overload(stored_state, jit_options=OPTIONS)
+@overload(stored_state, jit_options=OPTIONS, inline="always")
 def _ov_stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
     if _family(ftab) is ERKTableau:
         def impl(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
@@ -87,7 +87,7 @@ def store_rows(tab):
     raise NotImplementedError("runs only inside compiled loops")
 
 
-@overload(integrate, jit_options=OPTIONS)
+@overload(integrate, jit_options=OPTIONS, inline="always")
 def _ov_integrate(sys, tab, ctl, stops, z, rec):
     if _family(tab) is ERKTableau:
         return lambda sys, tab, ctl, stops, z, rec: erk_integrate(sys, tab, ctl, stops, z, rec)

@@ -8,11 +8,14 @@ scratch, and fills a ``keep`` vector with what the `Solution` keeps besides
 the states (copies of the save times, u0 and the parameters, then t_end and
 the counts), so that the caller allocates two arrays and copies nothing.
 
-The entry point is made once per tableau and controller setting, with the
-coefficients as constants (`ButcherTableau.engine(constants=True)`, a closure
-numba freezes and caches on disk keyed by its values): the same step code as
-every other loop, with LLVM folding the coefficients (on Lotka-Volterra, Tsit5:
-~25% faster per solve than the same loop reading them from arrays).
+One entry point reads the tableau and the controller's settings from its
+arguments and serves every explicit method; the default method's has its
+coefficients folded in as constants (`ButcherTableau.engine(constants=True)`, a
+closure numba freezes and caches on disk keyed by its values): the same step code
+as every other loop, with LLVM folding the coefficients (measured on
+Lotka-Volterra with Tsit5: faster per solve than the same loop reading them from
+arrays, see `ExplicitRK.fold_constants`), for one more compile. The controller's
+settings are arguments in both, so a changed setting compiles nothing.
 """
 
 import math
@@ -43,34 +46,51 @@ def _ov_bind(kern, p, ws, code):
         return lambda kern, p, ws, code: BoundModel(kern, p, ws)
     return lambda kern, p, ws, code: Linked(kern, p, ws, code)
 
+
+def pick(folded, tab):
+    """The folded tableau when there is one, else the one passed."""
+    raise NotImplementedError("compiled loops only")
+
+
+@overload(pick, jit_options=OPTIONS, inline="always")
+def _ov_pick(folded, tab):
+    if folded is types.none:
+        return lambda folded, tab: tab
+    return lambda folded, tab: folded
+
 # The tail of ``keep``: t_end, nfev, n_accepted, n_rejected, n_saved.
 KEEP_TAIL = 5
 
 _ENTRIES = {}
 
 
-def solve_entry(tab, settings, code=None):
-    """The lean solve entry point for a constant tableau (an `ERKTableau` of tuples) and
-    controller ``settings = (safety, qmin, qmax, beta1, beta2, adaptive)``; with ``code``
-    (a `linked.LinkedCode`), the fused entry point of that model."""
-    key = (tab, settings, code)
+def solve_entry(folded=None, code=None):
+    """The lean solve entry point: with ``folded`` (an `ERKTableau` of tuples) that
+    tableau's coefficients as constants, else the one for every tableau; with ``code`` (a
+    `linked.LinkedCode`), the fused entry point of that model. It is called
+    ``(kern, tab, settings, u0, p, save_t, out_u, keep, atol, t0, tf, rtol, dt,
+    max_steps)``, ``tab`` the `ERKTableau` of arrays (unread when folded) and ``settings``
+    (6,) the controller's ``(safety, qmin, qmax, beta1, beta2, adaptive)``."""
+    key = (folded, code)
     if key not in _ENTRIES:
-        _ENTRIES[key] = _make(tab, settings, code)
+        _ENTRIES[key] = _make(folded, code)
     return _ENTRIES[key]
 
 
-def _make(tab, settings, code):
-    safety, qmin, qmax, beta1, beta2, adaptive = settings
+def _make(folded, code):
     n_fixed = n_states(code)  # the state count as a constant (0: read from u0)
 
     @jit
-    def lean_solve(kern, u0, p, save_t, out_u, keep, atol, t0, tf, rtol, dt, max_steps):
+    def lean_solve(kern, tab, settings, u0, p, save_t, out_u, keep, atol, t0, tf, rtol, dt,
+                   max_steps):
         """Solve at ``save_t`` into ``out_u`` (T, n); fill ``keep``; return the status
         (-1: an argument value is not as expected, nothing solved)."""
+        adaptive = settings[5] != 0.0
         ns = save_t.shape[0]
         n = u0.shape[0] if n_fixed == 0 else n_fixed
         npar = p.shape[0]
         if (u0.shape[0] != n or out_u.shape[0] != ns or out_u.shape[1] != n
+                or settings.shape[0] != 6
                 or keep.shape[0] != ns + n + npar + KEEP_TAIL
                 or not (rtol >= 1e-14 and rtol < math.inf) or not (dt >= 0.0 and dt < math.inf)
                 or max_steps < 1 or not (t0 < tf and tf - t0 < math.inf)
@@ -103,10 +123,11 @@ def _make(tab, settings, code):
         no2 = buf[:0].reshape((0, n))
         no22 = buf[:0].reshape((0, 0))
         sys = Forward(m, no_i, no_i, no_f, Lin(no22, no22, no_i, no22, no_i, no_f))
-        ctl = Control(rtol, atol_v, safety, qmin, qmax, beta1, beta2, max_steps, dt, adaptive)
+        ctl = Control(rtol, atol_v, settings[0], settings[1], settings[2], settings[3],
+                      settings[4], max_steps, dt, adaptive)
         rec = Record(borrow(save_t), borrow(out_u), False, no_f, False, no_f, no2,
                      buf[:0].reshape((0, 0, n)), stats[:0].view(np.int8), no_i, stats)
-        status, t_end = _integrate(sys, tab, ctl, stops, z, rec)
+        status, t_end = _integrate(sys, pick(folded, tab), ctl, stops, z, rec)
         for i in range(ns):
             keep[i] = save_t[i]
         for i in range(n):

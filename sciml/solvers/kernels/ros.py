@@ -44,7 +44,7 @@ from .control import (
     step_to,
 )
 from .erk import find_step
-from .structs import S_NACC, S_NFEV, S_NJAC, S_NLU, S_NREJ, S_NSAVE
+from .record import copy_row, record_at, record_counts, saves_inside, storage_full
 from .system import (
     sys_accept,
     sys_autonomous,
@@ -159,28 +159,15 @@ def ros_integrate(sys, tab, ctl, stops, z, rec):
     K = buf[:s]
     f0, dT, U, r, znew, err = buf[s], buf[s + 1], buf[s + 2], buf[s + 3], buf[s + 4], buf[s + 5]
     D1 = buf[s + 6:s + 7 + nh]  # a step's rows when they are not stored
-    save_t, save_z, all_t = rec.save_t, rec.save_z, rec.all_t
-    d_t, d_z, d_k, d_have, d_seg = rec.d_t, rec.d_z, rec.d_k, rec.d_have, rec.d_seg
-    every, dense = rec.every, rec.dense
+    save_t, save_z = rec.save_t, rec.save_z
+    d_k, d_have, d_seg = rec.d_k, rec.d_have, rec.d_seg
+    dense = rec.dense
     nonauto = not sys_autonomous(sys)
     nseg = stops.shape[0] - 1
     tf = stops[nseg]
     t = stops[0]
     sys_event(sys, z, 0)
-    ns = save_t.shape[0]
-    sp = 0
-    nsave = 0
-    if every:
-        all_t[0] = t
-        save_z[0, :] = z
-        nsave = 1
-    else:
-        while sp < ns and save_t[sp] <= t:
-            save_z[sp, :] = z
-            sp += 1
-    if dense:
-        d_t[0] = t
-        d_z[0, :] = z
+    sp, nsave = record_at(rec, t, z, 0, 0, 0)
     nfev = njac = nlu = nacc = nrej = 0
     status = SUCCESS
     h = ctl.h0
@@ -194,7 +181,7 @@ def ros_integrate(sys, tab, ctl, stops, z, rec):
         if nacc + nrej >= ctl.max_steps:
             status = MAX_STEPS
             break
-        if (every and nsave >= all_t.shape[0]) or (dense and nacc >= d_k.shape[0]):
+        if storage_full(rec, nsave, nacc):
             status = NEED_STORAGE
             break
         if fresh:
@@ -252,13 +239,13 @@ def ros_integrate(sys, tab, ctl, stops, z, rec):
         nacc += 1
         nfev += sys_accept(sys, tab, t, h_try, z, znew, K, k)
         # ---- accepted: the step's rows, then output inside it
-        if dense or (not every and sp < ns and save_t[sp] < t_new):
+        if dense or saves_inside(rec, sp, t_new):
             D = d_k[nacc - 1] if dense else D1
             ros_dense_rows(tab, D, znew, K)
             if dense:
                 d_have[nacc - 1] = 1
                 d_seg[nacc - 1] = k
-            while not every and sp < ns and save_t[sp] < t_new:
+            while saves_inside(rec, sp, t_new):
                 ros_interp(save_z[sp], (save_t[sp] - t) / h_try, z, D)
                 sp += 1
         t = t_new
@@ -273,25 +260,9 @@ def ros_integrate(sys, tab, ctl, stops, z, rec):
         rejected = False
         nonfinite = False
         fresh = True
-        if every:
-            all_t[nsave] = t
-            save_z[nsave, :] = z
-            nsave += 1
-        else:
-            while sp < ns and save_t[sp] <= t:
-                save_z[sp, :] = z
-                sp += 1
-        if dense:
-            d_t[nacc] = t
-            d_z[nacc, :] = z
+        sp, nsave = record_at(rec, t, z, sp, nsave, nacc)
     keep_alive(own)
-    st = rec.stats
-    st[S_NFEV] = nfev
-    st[S_NACC] = nacc
-    st[S_NREJ] = nrej
-    st[S_NSAVE] = nsave if every else sp
-    st[S_NJAC] = njac
-    st[S_NLU] = nlu
+    record_counts(rec, nfev, nacc, nrej, sp, nsave, njac, nlu)
     return status, t
 
 
@@ -312,6 +283,6 @@ def ros_store_eval(rec, n_steps, tq, out):
     for q in range(tq.shape[0]):
         tt = tq[q]
         if n_steps == 0 or tt >= rec.d_t[n_steps]:
-            out[q, :] = rec.d_z[n_steps]
+            copy_row(out, q, rec.d_z[n_steps])
             continue
         j = ros_store_at(rec, n_steps, out[q], tt, -1, j)
