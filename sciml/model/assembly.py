@@ -36,8 +36,8 @@ KINDS = {"rhs": ("f", "values"), "jac": ("f", "jac"), "spjac": ("f", "spjac"),
 class KernelSet:
     """The kernels of one traced function, generated and compiled on demand."""
 
-    def __init__(self, traced, specs, n_params):
-        self.gen = Kernels(traced, specs, n_params)
+    def __init__(self, traced, specs, n_params, strong_zero=False):
+        self.gen = Kernels(traced, specs, n_params, strong_zero)
         self.trees = {}
         self.addresses = {}
         self.pattern = None  # CSR (indptr, indices) of dF/du, computed on first need

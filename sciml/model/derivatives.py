@@ -189,9 +189,16 @@ class Kernels:
     nets : dict of str -> NetSpec
     n_params : int
         Length of the flat parameter vector (mechanistic + nets).
+    strong_zero : bool
+        In the vjp of a function without network calls, a zero cotangent contributes
+        zero even where the derivative it multiplies is not finite (``0 * NaN = 0``): an
+        observable that is 0/0 at some state and is not measured there must not spoil
+        the others' jumps. One select per derivative term; for observables, not for the
+        right-hand side's hot vjp.
     """
 
-    def __init__(self, traced, nets, n_params):
+    def __init__(self, traced, nets, n_params, strong_zero=False):
+        self.strong_zero = bool(strong_zero)
         self.F = traced.exprs
         self.u, self.p = traced.u, traced.p
         self.n, self.n_mech, self.n_params = len(traced.u), len(traced.p), n_params
@@ -345,7 +352,12 @@ class Kernels:
         for a, f in zip(v, self.F):
             for sym in sorted(f.free_symbols & col.keys(), key=natural_key):
                 kind, j = col[sym]
-                terms[kind][j].append(a * _diff(f, sym))
+                d = _diff(f, sym)
+                if self.strong_zero and not d.is_number:
+                    terms[kind][j].append(sympy.Piecewise((a * d, sympy.Ne(a, 0)),
+                                                          (sympy.S.Zero, True)))
+                else:
+                    terms[kind][j].append(a * d)
         return ([sympy.Add(*t) for t in terms["u"]], [sympy.Add(*t) for t in terms["p"]])
 
     def _vjp_parts(self, v):
