@@ -55,7 +55,7 @@ from sympy.simplify.cse_main import tree_cse
 
 from . import graph as _graph
 from . import netcode
-from .code import Assign, At, Kernel, Loop, Note, array, index, natural_key
+from .code import Assign, At, Kernel, Loop, Note, array, at, index, natural_key
 from .trace import T
 
 __all__ = ["NetSpec", "Kernels"]
@@ -136,9 +136,7 @@ class _Body:
 
     def _note_used(self, s):
         if isinstance(s, Assign):
-            if isinstance(s.value, _graph.Node):
-                self.used |= self.graph.symbols(s.value)
-            else:
+            if not isinstance(s.value, _graph.Node):  # (nodes: noted by assign_nodes)
                 self.used |= s.value.free_symbols
         elif isinstance(s, Loop):
             for b in s.body:
@@ -168,8 +166,12 @@ class _Body:
         dropped)."""
         g = self.graph
         items = [it for it in items if not (it[2] and it[1] is g.ZERO)]
-        for target, value, add in g.emit(items, self._temps):
-            self.add(Assign(target, value, add))
+        leaves = set()
+        for _, x, _ in items:
+            leaves |= g.free(x)
+        self.used |= {x.args[0] for x in leaves}
+        self.stmts.extend(Assign(target, value, add)
+                          for target, value, add in g.emit(items, self._temps))
 
     def zero(self, arr, size):
         """``arr[0:size] = 0`` as a loop."""
@@ -185,7 +187,7 @@ class _Body:
 
 
 def _loads(arr, symbols):
-    return {s: At(arr, i) for i, s in enumerate(symbols)}
+    return {s: at(arr, i) for i, s in enumerate(symbols)}
 
 
 @dataclass
@@ -280,8 +282,11 @@ class Kernels:
     @property
     def autonomous(self):
         if self.graph is not None:
+            if not self.graph.has(T):
+                return True
             t = self.graph.sym(T)
-            return not any(t in self.graph.free(x) for x in self.G)
+            with _graph.quiet_gc():
+                return not any(t in self.graph.free(x) for x in self.G)
         return T not in _free(self.F) | _free(e for c in self.live for e in c.inputs)
 
     def _layout(self):
@@ -438,7 +443,7 @@ class Kernels:
         """``name(y, u, p, t, ws)``: y = F."""
         if self.graph is not None:
             body = self._body()
-            body.assign_nodes([(At(array("y"), i), x, False) for i, x in enumerate(self.G)])
+            body.assign_nodes([(at(array("y"), i), x, False) for i, x in enumerate(self.G)])
             return body.kernel(name, ["y", "u", "p", "t", "ws"], self.base_loads)
         body = _Body()
         need_in, fwd, syms = self._forward_needs(self.F)
@@ -453,8 +458,8 @@ class Kernels:
         if self.graph is not None:
             body = self._body()
             ubar, pbar = self._graph_vjp([self.graph.sym(a) for a in v])
-            body.assign_nodes([(At(UBAR, j), x, False) for j, x in enumerate(ubar)]
-                              + [(At(PBAR, j), x, True) for j, x in enumerate(pbar)])
+            body.assign_nodes([(at(UBAR, j), x, False) for j, x in enumerate(ubar)]
+                              + [(at(PBAR, j), x, True) for j, x in enumerate(pbar)])
             loads = {**self.base_loads, **_loads(V, v)}
             return body.kernel(name, ["ubar", "pbar", "v", "u", "p", "t", "ws"], loads)
         xb, active, ubar, pbar, (need_in, fwd, syms, taped) = self._vjp_parts(v)
@@ -472,7 +477,7 @@ class Kernels:
             J = array("J")
             body = self._body()
             body.zero(J, self.m * n)
-            body.assign_nodes([(At(J, i * n + j), x, False)
+            body.assign_nodes([(at(J, i * n + j), x, False)
                                for i, row in enumerate(self._graph_rows(self.Un))
                                for j, x in row if x is not self.graph.ZERO])
             return body.kernel(name, ["J", "u", "p", "t", "ws"], self.base_loads)
@@ -585,7 +590,7 @@ class Kernels:
         JX = array("Jx")
         if self.graph is not None:
             body = self._body()
-            body.assign_nodes([(At(JX, k), x, False) for k, x in enumerate(
+            body.assign_nodes([(at(JX, k), x, False) for k, x in enumerate(
                 x for row in self._graph_rows(self.Un) for _, x in row)])
             return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
         items = []
@@ -631,7 +636,7 @@ class Kernels:
         if self.graph is not None:
             body = self._body()
             body.zero(Jp, self.m * npar)
-            body.assign_nodes([(At(Jp, i * npar + j), x, False)
+            body.assign_nodes([(at(Jp, i * npar + j), x, False)
                                for i, row in enumerate(self._graph_rows(self.Pn))
                                for j, x in row if x is not self.graph.ZERO])
             return body.kernel(name, args, self.base_loads)
@@ -670,8 +675,8 @@ class Kernels:
             g = self.graph
             body = self._body()
             ubar, pbar = self._graph_hvp([g.sym(a) for a in lam], [g.sym(a) for a in vv])
-            body.assign_nodes([(At(UBAR, j), x, False) for j, x in enumerate(ubar)]
-                              + [(At(PBAR, j), x, True) for j, x in enumerate(pbar)])
+            body.assign_nodes([(at(UBAR, j), x, False) for j, x in enumerate(ubar)]
+                              + [(at(PBAR, j), x, True) for j, x in enumerate(pbar)])
             loads = {**self.base_loads, **_loads(LAM, lam), **_loads(V, vv)}
             return body.kernel(name, ["ubar", "pbar", "lam", "v", "u", "p", "t", "ws"], loads)
         zd = {c.index: _symbols(f"zd{c.index}_", len(c.outputs)) for c in self.live}

@@ -25,6 +25,8 @@ conditions ``and or xor not``, ``true``, ``false``. `to_sympy` gives the same
 expression as sympy, unevaluated; `Graph.from_sympy` the way back.
 """
 
+import contextlib
+import gc
 import math
 
 import sympy
@@ -32,7 +34,21 @@ from sympy.codegen.cfunctions import expm1, log1p, log2, log10
 
 from .code import At, sigmoid
 
-__all__ = ["Node", "Graph", "to_sympy", "Unsupported"]
+__all__ = ["Node", "Graph", "to_sympy", "Unsupported", "quiet_gc"]
+
+
+@contextlib.contextmanager
+def quiet_gc():
+    """Python's cyclic garbage collector paused: building a large graph allocates
+    hundreds of thousands of nodes without cycles, and the collector's passes over
+    them cost as much as building them."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Unsupported(ValueError):
@@ -370,6 +386,10 @@ class Graph:
             else:
                 memo[nd] = frozenset().union(*sets)
         return memo[node]
+
+    def has(self, leaf):
+        """Whether the graph holds the leaf of sympy symbol `leaf` (no node made)."""
+        return ("sym", (leaf,)) in self._table
 
     def symbols(self, node):
         """The sympy symbols `node` reads."""

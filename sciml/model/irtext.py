@@ -76,14 +76,14 @@ def _index(i):
 class _Chunk:
     """One function being printed: its lines, SSA counter and values."""
 
-    def __init__(self, printer, spill):
+    def __init__(self, printer):
         self.p = printer
         self.lines = []
         self.k = 0
         self.vals = {}  # node -> (ssa name, is_bool)
         self.syms = {}  # symbol -> (ssa name, is_bool)
         self.elem = {}  # (array, index) -> pointer name
-        self.spill = spill  # name of the spill pointer, or None
+        self.tail = []  # stores into the spill array, before the function returns
 
     def tmp(self):
         self.k += 1
@@ -108,7 +108,7 @@ class _Chunk:
         got = self.syms.get(s)
         if got is not None:
             return got
-        name = str(s)
+        name = s.name
         p = self.p
         if name in SCALAR_ARGS:
             got = (f'%"{name}"', False)
@@ -117,27 +117,47 @@ class _Chunk:
             v = self.tmp()
             self.emit(f"{v} = load double, double* {self.ptr(arr, i)}")
             got = (v, False)
-        elif s in p.slot:  # a temporary of an earlier chunk
-            v = self.tmp()
-            q = self.tmp()
-            self.emit(f"{q} = getelementptr double, double* {self.spill}, i64 {p.slot[s]}")
+        elif s in p.defined:  # a temporary of an earlier chunk, through the spill array
+            slot, is_bool = p.spill_slot(s)
+            v, q = self.tmp(), self.tmp()
+            self.emit(f"{q} = getelementptr double, double* %spill, i64 {slot}")
             self.emit(f"{v} = load double, double* {q}")
-            if p.is_bool.get(s):
+            if is_bool:
                 b = self.tmp()
                 self.emit(f"{b} = fcmp une double {v}, 0.0")
-                got = (b, True)
-            else:
-                got = (v, False)
+                v = b
+            got = (v, is_bool)
         else:
             raise LoweringError(f"{s} is read before it is assigned")
         self.syms[s] = got
         return got
 
-    def value(self, nd):
+    def value(self, nd, depth=0):
         """The SSA name of node `nd` (computing it and what it needs first)."""
         got = self.vals.get(nd)
         if got is not None:
             return got[0]
+        op = nd.op
+        if op == "sym":
+            got = self.vals[nd] = self.symbol(nd.args[0])
+            return got[0]
+        if op == "num":
+            got = self.vals[nd] = (const(nd.args[0]), False)
+            return got[0]
+        if op == "true" or op == "false":
+            got = self.vals[nd] = (op, True)
+            return op
+        if depth < 200:  # recursion is quicker; `_deep` beyond (a chain of nodes)
+            for c in _kids(nd):
+                if c not in self.vals:
+                    self.value(c, depth + 1)
+            v = self._op(nd)
+            self.vals[nd] = (v, op in BOOL_OPS)
+            return v
+        return self._deep(nd)
+
+    def _deep(self, nd):
+        """`value` without recursion (for any depth)."""
         stack = [(nd, False)]
         while stack:
             x, ready = stack.pop()
@@ -307,7 +327,7 @@ class _Chunk:
         if isinstance(tgt, At):
             if is_bool:
                 raise LoweringError("a condition stored in an array")
-            arr, i = str(tgt.args[0]), _index(tgt.args[1])
+            arr, i = tgt.args[0].name, _index(tgt.args[1])
             ptr = self.ptr(arr, i)
             if s.add:
                 old = self.tmp()
@@ -315,18 +335,20 @@ class _Chunk:
                 v = self._bin("fadd", old, v)
             self.emit(f"store double {v}, double* {ptr}")
             return
-        if s.add or tgt in self.syms:
+        if s.add or tgt in self.syms or tgt in self.p.defined:
             raise LoweringError(f"{tgt} is assigned more than once")
         self.syms[tgt] = (v, is_bool)
-        p = self.p
-        if tgt in p.slot:
-            q = self.tmp()
-            self.emit(f"{q} = getelementptr double, double* {self.spill}, i64 {p.slot[tgt]}")
-            if is_bool:
-                d = self.tmp()
-                self.emit(f"{d} = uitofp i1 {v} to double")
-                v = d
-            self.emit(f"store double {v}, double* {q}")
+        self.p.defined[tgt] = (self, v, is_bool)
+
+    def store_spill(self, slot, v, is_bool):
+        """Store value `v` (this function's) into the spill array, at the function's end."""
+        q = self.tmp()
+        self.tail.append(f"  {q} = getelementptr double, double* %spill, i64 {slot}")
+        if is_bool:
+            d = self.tmp()
+            self.tail.append(f"  {d} = uitofp i1 {v} to double")
+            v = d
+        self.tail.append(f"  store double {v}, double* {q}")
 
     def fill(self, loop):
         """``for k in range(a, b): x[k] = c``."""
@@ -337,7 +359,7 @@ class _Chunk:
             raise LoweringError(f"unsupported loop {loop}")
         self.p.loops += 1
         tag = f"L{self.p.loops}"
-        base = self.p.arg(str(arr))
+        base = self.p.arg(arr.name)
         pre = self.block
         self.emit(f"br label %{tag}.cond")
         self.lines.append(f"{tag}.cond:")
@@ -360,8 +382,8 @@ class _Printer:
     def __init__(self, kernel, name, module, runtime):
         self.kernel, self.name, self.module, self.rt = kernel, name, module, runtime
         self.loads = {}  # symbol -> (array name, index)
-        self.slot = {}  # symbol -> spill index
-        self.is_bool = {}
+        self.defined = {}  # temporary -> (chunk assigning it, its value, is_bool)
+        self.slots = {}  # temporary -> (spill index, is_bool)
         self.loops = 0
 
     def arg(self, name):
@@ -378,6 +400,15 @@ class _Printer:
     def runtime(self, which):
         return getattr(self.rt, which)(self.module).name
 
+    def spill_slot(self, sym):
+        """The spill index of a temporary read after its chunk (the store added there)."""
+        got = self.slots.get(sym)
+        if got is None:
+            chunk, v, is_bool = self.defined[sym]
+            got = self.slots[sym] = (len(self.slots), is_bool)
+            chunk.store_spill(got[0], v, is_bool)
+        return got
+
     def params(self):
         return ", ".join(f'double %"{a}"' if a in SCALAR_ARGS else f'double* noalias %"{a}"'
                          for a in self.kernel.args)
@@ -390,57 +421,41 @@ class _Printer:
             if isinstance(s, Assign) and isinstance(s.target, sympy.Symbol) \
                     and isinstance(s.value, At):
                 arr, i = s.value.args
-                self.loads[s.target] = (str(arr), _index(i))
+                self.loads[s.target] = (arr.name, _index(i))
                 continue
             if not isinstance(s, (Assign, Loop)):
                 raise LoweringError(f"not a statement: {s!r}")
             body.append(s)
         chunks = [body[k:k + CHUNK] for k in range(0, len(body), CHUNK)] or [[]]
-        if len(chunks) > 1:
-            self._spills(chunks)
+        if len(chunks) == 1:
+            return self._function(self.name, self._chunk(chunks[0]), "", "")
+        done = [self._chunk(c) for c in chunks]
+        out = [self._function(f"{self.name}.c{k}", ch, "internal ", " noinline")
+               for k, ch in enumerate(done)]
         args = ", ".join(f'double %"{a}"' if a in SCALAR_ARGS else f'double* %"{a}"'
                          for a in self.kernel.args)
-        if len(chunks) == 1:
-            return self._function(self.name, chunks[0], None, "")
-        out = []
-        for k, chunk in enumerate(chunks):
-            out.append(self._function(f"{self.name}.c{k}", chunk, "spill",
-                                      "internal ", ' noinline'))
         lines = [f'define void @"{self.name}"({self.params()})', "{", "entry:"]
-        lines.append(f"  %spill = alloca double, i64 {max(len(self.slot), 1)}")
+        lines.append(f"  %spill = alloca double, i64 {max(len(self.slots), 1)}")
         for k in range(len(chunks)):
             lines.append(f'  call void @"{self.name}.c{k}"({args}, double* %spill)')
         lines += ["  ret void", "}"]
         out.append("\n".join(lines))
         return "\n\n".join(out)
 
-    def _spills(self, chunks):
-        """Spill slots for temporaries read in a chunk after the one assigning them."""
-        where = {}
-        for k, chunk in enumerate(chunks):
-            for s in chunk:
-                if isinstance(s, Assign) and isinstance(s.target, sympy.Symbol):
-                    where[s.target] = k
-                    self.is_bool[s.target] = s.value.op in BOOL_OPS \
-                        if isinstance(s.value, Node) else False
-        for k, chunk in enumerate(chunks):
-            for s in chunk:
-                if isinstance(s, Assign) and isinstance(s.value, Node):
-                    for sym in _leaf_symbols(s.value):
-                        if where.get(sym, k) < k and sym not in self.slot:
-                            self.slot[sym] = len(self.slot)
-
-    def _function(self, name, stmts, spill, linkage, attrs=""):
-        params = self.params() + (", double* noalias %spill" if spill else "")
-        ch = _Chunk(self, "%spill" if spill else None)
+    def _chunk(self, stmts):
+        ch = _Chunk(self)
         ch.block = "entry"
         for s in stmts:
             if isinstance(s, Loop):
                 ch.fill(s)
             else:
                 ch.assign(s)
+        return ch
+
+    def _function(self, name, ch, linkage, attrs):
+        params = self.params() + (", double* noalias %spill" if linkage else "")
         head = [f'define {linkage}void @"{name}"({params}){attrs}', "{", "entry:"]
-        return "\n".join(head + ch.lines + ["  ret void", "}"])
+        return "\n".join(head + ch.lines + ch.tail + ["  ret void", "}"])
 
 
 def _negpow(f):
@@ -456,22 +471,6 @@ def _kids(x):
     if op == "mul":
         return [f.args[0] if _negpow(f) else f for f in x.args]
     return x.args
-
-
-def _leaf_symbols(nd):
-    seen, out, stack = set(), set(), [nd]
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if x.op == "sym":
-            out.add(x.args[0])
-        elif x.op == "fn":
-            stack.extend(x.args[1:])
-        elif x.op not in ("num", "true", "false"):
-            stack.extend(x.args)
-    return out
 
 
 def kernel_text(kernel, name, module, runtime):

@@ -562,6 +562,7 @@ class _JIT:
             pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=0))
             mpm = llvm.create_new_module_pass_manager()
             mpm.add_always_inliner_pass()
+            mpm.add_sroa_pass()  # the stack slots of kernels printed by `_Function`
             mpm.run(parsed, pb)
         engine.add_module(parsed)
         engine.finalize_object()
