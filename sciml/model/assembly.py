@@ -128,11 +128,13 @@ class Assembly:
 
     def linked_rhs(self, n_states):
         """The right-hand side as IR to link into a loop (`LinkedCode`); None when the
-        model's kernels were given as addresses."""
+        model's kernels were given as addresses, or when it is large (`llvm.BIG`)."""
         fset = self.sets.get("f")
         if fset is None:
             return None
         tree = fset.tree("rhs", "values")
+        if llvm.is_big(tree):
+            return None  # numba's optimising compile of it would cost more than it saves
         return LinkedCode.of(lambda symbol: llvm.ir_text([dataclasses.replace(tree, name=symbol)]),
                              n_states)
 

@@ -2,7 +2,12 @@
 
 sympy does the algebra (differentiation, common subexpressions); this module
 decides what to differentiate and lays the results out as `sciml.model.code`
-kernels. A network call is an opaque node: its inputs are expressions, its
+kernels. A large function without network calls (`GRAPH_FROM` outputs and
+up, or traced into a graph) takes the graph path instead: the same kernels
+from `sciml.model.graph`, whose derivatives and common subexpressions cost
+time linear in the expressions (sympy's `diff` and `cse` cost about a
+millisecond a Jacobian entry); the statements then hold graph nodes, which
+`sciml.model.irtext` prints. A network call is an opaque node: its inputs are expressions, its
 outputs symbols, and its passes (forward, reverse, Jacobian, tangents) are
 the chain-specialised statements of `sciml.model.netcode`; the symbolic part
 supplies the derivatives of everything around it.

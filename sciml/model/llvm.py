@@ -503,6 +503,12 @@ def _size(kernel):
     return sum(1 for _ in kernel.statements())
 
 
+def is_big(kernel):
+    """Whether `kernel` has more than `BIG` statements (compiled without LLVM's optimising
+    code generator)."""
+    return _size(kernel) > BIG
+
+
 class _JIT:
     """MCJIT engines, one per process and optimisation level; models add their kernels
     as modules of their own: small kernels fully optimised (O3), large ones (more than
@@ -537,8 +543,8 @@ class _JIT:
         """Machine code for `kernels`; returns ``{name: address}``."""
         with self.lock:
             out = {}
-            small = [k for k in kernels if _size(k) <= BIG]
-            large = [k for k in kernels if _size(k) > BIG]
+            large = [k for k in kernels if is_big(k)]
+            small = [k for k in kernels if not is_big(k)]
             for group, optimise in ((small, True), (large, False)):
                 if group:
                     out.update(self._compile(group, optimise))

@@ -259,3 +259,25 @@ def test_a_graph_traced_model_pickles(rng):
     p, u = rng.uniform(0.5, 2.0, size=3), rng.uniform(0.1, 1.0, size=300)
     close(m2.rhs(u, p), m.rhs(u, p), rtol=1e-14, atol=1e-15)
     close(m2.spjac(u, p).toarray(), m.spjac(u, p).toarray(), rtol=1e-14, atol=1e-15)
+
+
+def test_graph_kernels_call_only_math_functions(monkeypatch):
+    # as test_model_alloc checks the sympy path's: after LLVM's O3, nothing but arithmetic,
+    # intrinsics and libm (one chunk a kernel here: no spill array on the stack)
+    from .test_model_alloc import optimised, violations
+
+    monkeypatch.setattr(trace, "GRAPH_FROM", 0)
+    monkeypatch.setattr(derivatives, "GRAPH_FROM", 0)
+    fs = sm.Model(every, STATES, PARAMS)._asm.sets["f"]
+    trees = [fs.tree(k, m) for k, m in (("rhs", "values"), ("jac", "jac"), ("spjac", "spjac"),
+                                         ("paramjac", "paramjac"), ("vjp", "vjp"),
+                                         ("hvp", "hvp"))]
+    assert all(irtext.graph_kernel(k) for k in trees)
+    assert violations(optimised(llvm.ir_text(trees))) == []
+
+
+def test_a_large_right_hand_side_is_not_linked_into_loops(monkeypatch):
+    m = robertson_groups(100)
+    assert m.linked_code() is not None
+    monkeypatch.setattr(llvm, "BIG", 100)
+    assert robertson_groups(100).linked_code() is None
