@@ -171,12 +171,9 @@ class _Body:
         dropped)."""
         g = self.graph
         items = [it for it in items if not (it[2] and it[1] is g.ZERO)]
-        leaves = set()
-        for _, x, _ in items:
-            leaves |= g.free(x)
-        self.used |= {x.args[0] for x in leaves}
-        self.stmts.extend(Assign(target, value, add)
-                          for target, value, add in g.emit(items, self._temps))
+        stmts, leaves = g.emit(items, self._temps)
+        self.used |= leaves
+        self.stmts.extend(Assign(target, value, add) for target, value, add in stmts)
 
     def zero(self, arr, size):
         """``arr[0:size] = 0`` as a loop."""

@@ -407,6 +407,25 @@ class Graph:
         got = memo.get(node)
         if got is not None:
             return got
+        return self._diff(node, s, memo, 0)
+
+    def _diff(self, nd, s, memo, depth):
+        if depth > 200:
+            return self._diff_deep(nd, s, memo)
+        free = self._free.get(nd)
+        if free is None:
+            free = self.free(nd)
+        if s not in free:
+            memo[nd] = self.ZERO
+            return self.ZERO
+        for c in _diff_children(nd):
+            if c not in memo:
+                self._diff(c, s, memo, depth + 1)
+        r = memo[nd] = self._rule(nd, memo)
+        return r
+
+    def _diff_deep(self, node, s, memo):
+        """`diff` without recursion (for chains deeper than recursion allows)."""
         stack = [(node, False)]
         while stack:
             nd, ready = stack.pop()
@@ -531,12 +550,15 @@ class Graph:
 
     def emit(self, items, temps):
         """Statements computing ``items`` (``(target, node, add)``), each repeated
-        subexpression once: returns ``[(target, value node, add)]`` where temporaries
-        (symbols drawn from `temps`, as leaves in later values) come first, each just
-        before its first use, then the items' own assignments in order."""
-        uses = {}
+        subexpression once: returns ``([(target, value node, add)], leaves)`` where
+        temporaries (symbols drawn from `temps`, as leaves in later values) come first,
+        each just before its first use, then the items' own assignments in order;
+        ``leaves`` are the sympy symbols the items read."""
+        uses, leaves = {}, set()
         for _, root, _ in items:
             if root.op in LEAVES:
+                if root.op == "sym":
+                    leaves.add(root.args[0])
                 continue
             if root in uses:
                 uses[root] += 1
@@ -545,8 +567,10 @@ class Graph:
             stack = [root]
             while stack:
                 nd = stack.pop()
-                for c in _children(nd):
+                for c in (nd.args[1:] if nd.op == "fn" else nd.args):
                     if c.op in LEAVES:
+                        if c.op == "sym":
+                            leaves.add(c.args[0])
                         continue
                     if c in uses:
                         uses[c] += 1
@@ -555,32 +579,62 @@ class Graph:
                         stack.append(c)
         out = []
         done = {}  # node -> its form in the statements (a temp's leaf, or rebuilt)
+        sym, node = self.sym, self._node
 
-        def form(root):
-            stack = [(root, False)]
-            while stack:
-                nd, ready = stack.pop()
-                if nd in done:
+        def form(nd, depth):
+            """The emitted form of `nd`, its temporaries appended to `out` first."""
+            if depth > 200:
+                return self._form_deep(nd, done, uses, out, temps)
+            op, a = nd.op, nd.args
+            start = 1 if op == "fn" else 0
+            new, same = list(a), True
+            for k in range(start, len(a)):
+                c = a[k]
+                if c.op in LEAVES:
                     continue
-                if nd.op in LEAVES:
-                    done[nd] = nd
-                    continue
-                kids = _children(nd)
-                if not ready:
-                    stack.append((nd, True))
-                    stack.extend((c, False) for c in kids if c not in done)
-                    continue
-                v = self._rebuild(nd, done)
-                if uses[nd] > 1:
-                    t = next(temps)
-                    out.append((t, v, False))
-                    v = self.sym(t)
-                done[nd] = v
-            return done[root]
+                f = done.get(c)
+                if f is None:
+                    f = form(c, depth + 1)
+                if f is not c:
+                    new[k], same = f, False
+            v = nd if same else node(op, tuple(new))
+            if uses[nd] > 1:
+                t = next(temps)
+                out.append((t, v, False))
+                v = sym(t)
+            done[nd] = v
+            return v
 
         for target, root, add in items:
-            out.append((target, form(root), add))
-        return out
+            if root.op in LEAVES:
+                out.append((target, root, add))
+            else:
+                f = done.get(root)
+                out.append((target, form(root, 0) if f is None else f, add))
+        return out, leaves
+
+    def _form_deep(self, root, done, uses, out, temps):
+        """`emit`'s forms without recursion (for chains deeper than recursion allows)."""
+        stack = [(root, False)]
+        while stack:
+            nd, ready = stack.pop()
+            if nd in done:
+                continue
+            if nd.op in LEAVES:
+                done[nd] = nd
+                continue
+            kids = _children(nd)
+            if not ready:
+                stack.append((nd, True))
+                stack.extend((c, False) for c in kids if c not in done)
+                continue
+            v = self._rebuild(nd, done)
+            if uses[nd] > 1:
+                t = next(temps)
+                out.append((t, v, False))
+                v = self.sym(t)
+            done[nd] = v
+        return done[root]
 
     def _rebuild(self, nd, done):
         """`nd` with its children in their emitted forms (same structure)."""

@@ -81,8 +81,9 @@ def test_derivatives_read_only_what_they_need():
 def test_emit_computes_repeated_subexpressions_once():
     g = graph.Graph()
     a, b = g.from_sympy(sympy.exp(x * y) + z), g.from_sympy(sympy.exp(x * y) * z)
-    out = g.emit([("y0", a, False), ("y1", b, False), ("y2", a, True)],
-                 sympy.numbered_symbols("s", real=True))
+    out, leaves = g.emit([("y0", a, False), ("y1", b, False), ("y2", a, True)],
+                         sympy.numbered_symbols("s", real=True))
+    assert leaves == {x, y, z}
     temps = [t for t, _, _ in out if isinstance(t, sympy.Symbol)]
     assert len(temps) == 2  # exp(x*y), and a (read twice)
     env, point = {}, {x: 0.3, y: 0.7, z: 1.1}
@@ -281,3 +282,25 @@ def test_a_large_right_hand_side_is_not_linked_into_loops(monkeypatch):
     assert m.linked_code() is not None
     monkeypatch.setattr(llvm, "BIG", 100)
     assert robertson_groups(100).linked_code() is None
+
+
+def _horner(u, p, t):
+    acc = u.x
+    for k in range(700):  # a chain of ~2,000 nodes: deeper than any recursion may go
+        acc = acc * 0.999 + np.sin(u.y + 0.001 * k)
+    return [acc, -p.a * u.y]
+
+
+def test_deep_expression_chains(graph_mode, rng):
+    m = sm.Model(_horner, ["x", "y"], ["a"])
+    assert m._trace.graph is not None
+    u, p = rng.uniform(0.2, 0.8, size=2), np.array([0.3])
+
+    class V:
+        x, y, a = u[0], u[1], p[0]
+
+    close(m.rhs(u, p), np.array(_horner(V, V, 0.0), dtype=float), rtol=1e-12, atol=1e-14)
+    close(m.jac(u, p), central_diff(lambda v: m.rhs(v, p), u))
+    close(m.spjac(u, p).toarray(), m.jac(u, p), rtol=1e-14, atol=1e-15)
+    lam = rng.standard_normal(2)
+    close(m.vjp(lam, u, p)[0], lam @ m.jac(u, p), rtol=1e-12, atol=1e-14)
