@@ -304,3 +304,25 @@ def test_deep_expression_chains(graph_mode, rng):
     close(m.spjac(u, p).toarray(), m.jac(u, p), rtol=1e-14, atol=1e-15)
     lam = rng.standard_normal(2)
     close(m.vjp(lam, u, p)[0], lam @ m.jac(u, p), rtol=1e-12, atol=1e-14)
+
+
+def test_observables_on_the_graph_path_keep_the_strong_zero(graph_mode):
+    # test_model_kernels' 0/0 observable, its kernels from the graph (from sympy: the
+    # observables are traced with sympy)
+    from sciml.model.assembly import call
+
+    m = sm.Model(lambda u, p, t: [-p.k * u.x, p.k * u.x], ["x", "y"], ["k", "a"],
+                 observables={"obs": lambda u, p: p.a * u.x,
+                              "frac": lambda u, p: p.a * u.x / (u.x + u.y)})
+    assert m._asm.sets["g"].gen.graph is not None
+    u, th = np.zeros(2), np.array([0.5, 2.0])
+    assert np.isnan(m.observe(u, th)[1])
+    ubar, pbar = np.full(2, np.nan), np.zeros(2)
+    call(m.kernel_table("obs_vjp"), "obs_vjp", (ubar, pbar, np.array([1.0, 0.0]), u, th),
+         0.0, m.workspace())
+    np.testing.assert_array_equal(ubar, [2.0, 0.0])
+    np.testing.assert_array_equal(pbar, [0.0, 0.0])
+    u, ybar = np.array([1.0, 3.0]), np.array([0.3, -0.7])
+    call(m.kernel_table("obs_vjp"), "obs_vjp", (ubar, pbar, ybar, u, th), 0.0, m.workspace())
+    close(ubar, ybar @ central_diff(lambda v: m.observe(v, th), u))
+    close(pbar, ybar @ central_diff(lambda q: m.observe(u, q), th))
