@@ -12,6 +12,7 @@ the discrete adjoint that and its vjp, a stiff solve the Jacobian.
 `Model.source` renders every kernel as Python (the same syntax trees).
 """
 
+import contextlib
 import ctypes
 import dataclasses
 import threading
@@ -23,6 +24,7 @@ from sciml.solvers.kernels.linked import LinkedCode
 
 from . import code, llvm
 from .derivatives import Kernels
+from .graph import quiet_gc
 
 __all__ = ["Assembly", "KernelSet"]
 
@@ -36,8 +38,8 @@ KINDS = {"rhs": ("f", "values"), "jac": ("f", "jac"), "spjac": ("f", "spjac"),
 class KernelSet:
     """The kernels of one traced function, generated and compiled on demand."""
 
-    def __init__(self, traced, specs, n_params):
-        self.gen = Kernels(traced, specs, n_params)
+    def __init__(self, traced, specs, n_params, strong_zero=False):
+        self.gen = Kernels(traced, specs, n_params, strong_zero)
         self.trees = {}
         self.addresses = {}
         self.pattern = None  # CSR (indptr, indices) of dF/du, computed on first need
@@ -46,16 +48,23 @@ class KernelSet:
     def ws_size(self):
         return self.gen.ws_size
 
+    def _quiet(self):
+        """`graph.quiet_gc` for a large function's kernels (see there)."""
+        return quiet_gc() if self.gen.graph is not None else contextlib.nullcontext()
+
     def tree(self, name, method):
         if name not in self.trees:
-            self.trees[name] = getattr(self.gen, method)(name)
+            with self._quiet():
+                self.trees[name] = getattr(self.gen, method)(name)
         return self.trees[name]
 
     def compile(self, names_methods):
         """Compile the named kernels not compiled yet (one LLVM module for them)."""
         todo = [(n, m) for n, m in names_methods if n not in self.addresses]
         if todo:
-            self.addresses.update(llvm.compile_kernels([self.tree(n, m) for n, m in todo]))
+            trees = [self.tree(n, m) for n, m in todo]
+            with self._quiet():
+                self.addresses.update(llvm.compile_kernels(trees))
         return {n: self.addresses[n] for n, _ in names_methods}
 
 
@@ -119,11 +128,13 @@ class Assembly:
 
     def linked_rhs(self, n_states):
         """The right-hand side as IR to link into a loop (`LinkedCode`); None when the
-        model's kernels were given as addresses."""
+        model's kernels were given as addresses, or when it is large (`llvm.BIG`)."""
         fset = self.sets.get("f")
         if fset is None:
             return None
         tree = fset.tree("rhs", "values")
+        if llvm.is_big(tree):
+            return None  # numba's optimising compile of it would cost more than it saves
         return LinkedCode.of(lambda symbol: llvm.ir_text([dataclasses.replace(tree, name=symbol)]),
                              n_states)
 

@@ -4,7 +4,9 @@ A `Kernel` is a name, its arguments (float64 arrays, and the scalar ``t``) and a
 body of three kinds of statement:
 
 - `Assign`: ``target = value`` or ``target += value``, the target a scalar local
-  (a sympy Symbol; integer symbols are loop counters) or an array element;
+  (a sympy Symbol; integer symbols are loop counters) or an array element; the
+  value a sympy expression or, in kernels of large functions, a node of
+  `sciml.model.graph` (the same expression, without sympy's objects);
 - `Loop`: ``for var in range(start, stop, step)`` with constant bounds;
 - `Note`: a comment.
 
@@ -26,7 +28,7 @@ import numpy as np
 import sympy
 from sympy.printing.pycode import PythonCodePrinter
 
-__all__ = ["At", "Assign", "Loop", "Note", "Kernel", "sigmoid", "activation", "python_source",
+__all__ = ["At", "at", "Assign", "Loop", "Note", "Kernel", "sigmoid", "activation", "python_source",
            "function_source", "real", "index", "array", "SCALAR_ARGS"]
 
 
@@ -35,6 +37,12 @@ class At(sympy.Function):
 
     nargs = 2
     is_real = True
+
+
+def at(a, i):
+    """``At(a, i)`` for an int ``i``, made without sympy's argument checks (the same
+    object, a twentieth of the time: kernels of large models hold one per element)."""
+    return sympy.Basic.__new__(At, a, sympy.Integer(i))
 
 
 class sigmoid(sympy.Function):  # noqa: N801 (a sympy function, named as sympy names them)
@@ -155,6 +163,8 @@ _PRINTER = _Printer({"standard": "python3"})
 
 
 def text(expr):
+    if not isinstance(expr, sympy.Basic):  # a `sciml.model.graph.Node`
+        expr = expr.sympy()
     return _PRINTER.doprint(expr)
 
 
@@ -198,7 +208,8 @@ def python_source(title, kernels, constants=()):
     """A Python module holding `kernels` (numba functions) and ``NAME = value`` constants."""
     parts = [HEADER.format(title=title)]
     custom = sorted({type(f).activation for k in kernels for s in k.statements()
-                     if isinstance(s, Assign) for f in s.value.atoms(sympy.Function)
+                     if isinstance(s, Assign) and isinstance(s.value, sympy.Basic)
+                     for f in s.value.atoms(sympy.Function)
                      if getattr(type(f), "activation", None)})
     if custom:
         parts.append("from nets.registry import activation_function as _af\n" + "".join(

@@ -2,7 +2,12 @@
 
 sympy does the algebra (differentiation, common subexpressions); this module
 decides what to differentiate and lays the results out as `sciml.model.code`
-kernels. A network call is an opaque node: its inputs are expressions, its
+kernels. A large function without network calls (`GRAPH_FROM` outputs and
+up, or traced into a graph) takes the graph path instead: the same kernels
+from `sciml.model.graph`, whose derivatives and common subexpressions cost
+time linear in the expressions (sympy's `diff` and `cse` cost about a
+millisecond a Jacobian entry); the statements then hold graph nodes, which
+`sciml.model.irtext` prints. A network call is an opaque node: its inputs are expressions, its
 outputs symbols, and its passes (forward, reverse, Jacobian, tangents) are
 the chain-specialised statements of `sciml.model.netcode`; the symbolic part
 supplies the derivatives of everything around it.
@@ -53,8 +58,9 @@ import numpy as np
 import sympy
 from sympy.simplify.cse_main import tree_cse
 
+from . import graph as _graph
 from . import netcode
-from .code import Assign, At, Kernel, Loop, Note, array, index, natural_key
+from .code import Assign, At, Kernel, Loop, Note, array, at, index, natural_key
 from .trace import T
 
 __all__ = ["NetSpec", "Kernels"]
@@ -109,6 +115,11 @@ def _symbols(prefix, n):
 # Blocks of more expressions than this skip sympy's pattern optimisations in `sympy.cse`.
 _LARGE = 2000
 
+# Functions without network calls and with at least this many outputs (or traced into a
+# graph, `sciml.model.trace`) take the graph path: derivatives and common subexpressions
+# by `sciml.model.graph`, linear in the expressions' size, instead of sympy's.
+GRAPH_FROM = 256
+
 
 def ws(i):
     return At(WSA, i)
@@ -117,10 +128,11 @@ def ws(i):
 class _Body:
     """Statements of one kernel; expressions are emitted in blocks, each through `sympy.cse`."""
 
-    def __init__(self):
+    def __init__(self, graph=None):
         self.stmts = []
         self.used = set()
         self._temps = sympy.numbered_symbols("s", real=True)
+        self.graph = graph
 
     def add(self, *stmts):
         for s in stmts:
@@ -129,7 +141,8 @@ class _Body:
 
     def _note_used(self, s):
         if isinstance(s, Assign):
-            self.used |= s.value.free_symbols
+            if not isinstance(s.value, _graph.Node):  # (nodes: noted by assign_nodes)
+                self.used |= s.value.free_symbols
         elif isinstance(s, Loop):
             for b in s.body:
                 self._note_used(b)
@@ -153,6 +166,21 @@ class _Body:
         for (target, _, add), e in zip(items, reduced):
             self.add(Assign(target, e, add))
 
+    def assign_nodes(self, items):
+        """items: (target, graph node, add), laid out by `Graph.emit` (zero increments
+        dropped)."""
+        g = self.graph
+        items = [it for it in items if not (it[2] and it[1] is g.ZERO)]
+        stmts, leaves = g.emit(items, self._temps)
+        self.used |= leaves
+        self.stmts.extend(Assign(target, value, add) for target, value, add in stmts)
+
+    def zero(self, arr, size):
+        """``arr[0:size] = 0`` as a loop."""
+        if size:
+            k = index("k")
+            self.add(Loop(k, 0, size, (Assign(At(arr, k), sympy.S.Zero),)))
+
     def kernel(self, name, args, loads):
         """The kernel with the loads (symbol -> array element) it reads, first."""
         order = sorted((s for s in self.used if s in loads), key=lambda s: natural_key(s))
@@ -161,7 +189,7 @@ class _Body:
 
 
 def _loads(arr, symbols):
-    return {s: At(arr, i) for i, s in enumerate(symbols)}
+    return {s: at(arr, i) for i, s in enumerate(symbols)}
 
 
 @dataclass
@@ -189,23 +217,62 @@ class Kernels:
     nets : dict of str -> NetSpec
     n_params : int
         Length of the flat parameter vector (mechanistic + nets).
+    strong_zero : bool
+        In the vjp of a function without network calls, a zero cotangent contributes
+        zero even where the derivative it multiplies is not finite (``0 * NaN = 0``): an
+        observable that is 0/0 at some state and is not measured there must not spoil
+        the others' jumps. One select per derivative term; for observables, not for the
+        right-hand side's hot vjp.
     """
 
-    def __init__(self, traced, nets, n_params):
-        self.F = traced.exprs
+    def __init__(self, traced, nets, n_params, strong_zero=False):
+        self.strong_zero = bool(strong_zero)
+        self._traced = traced
         self.u, self.p = traced.u, traced.p
         self.n, self.n_mech, self.n_params = len(traced.u), len(traced.p), n_params
-        self.m = len(self.F)
+        nodes = getattr(traced, "nodes", None)
+        self.m = len(nodes) if nodes is not None else len(traced.exprs)
         self.nets = nets
         self.gen = {k: netcode.NetGen(s.layers, s.offset) for k, s in nets.items()}
         self.live = self._live_calls(traced.calls)
         self._layout()
         self.base_loads = {**_loads(U, self.u), **_loads(P, self.p)}
+        self.graph = self._graph_form(traced)
+
+    @property
+    def F(self):
+        """The outputs as sympy expressions."""
+        return self._traced.exprs
+
+    def _graph_form(self, traced):
+        """The `Graph` of the outputs when this function takes the graph path (see
+        `GRAPH_FROM`), else None; sets ``G`` (output nodes), ``Un``, ``Pn`` (leaves)."""
+        if self.live:
+            return None
+        g = getattr(traced, "graph", None)
+        if g is not None:
+            self.G = tuple(traced.nodes)
+        elif self.m >= GRAPH_FROM:
+            g = _graph.Graph()
+            try:
+                self.G = tuple(g.from_sympy(e) for e in traced.exprs)
+            except _graph.Unsupported:
+                return None
+        else:
+            return None
+        self.Un = tuple(g.sym(s) for s in self.u)
+        self.Pn = tuple(g.sym(s) for s in self.p)
+        return g
+
+    def _body(self):
+        return _Body(self.graph)
 
     # ----------------------------------------------------------- analysis
 
     def _live_calls(self, calls):
         """Calls whose outputs reach the outputs (directly or through later calls)."""
+        if not calls:
+            return ()
         need = _free(self.F)
         live = []
         for c in reversed(calls):
@@ -216,6 +283,12 @@ class Kernels:
 
     @property
     def autonomous(self):
+        if self.graph is not None:
+            if not self.graph.has(T):
+                return True
+            t = self.graph.sym(T)
+            with _graph.quiet_gc():
+                return not any(t in self.graph.free(x) for x in self.G)
         return T not in _free(self.F) | _free(e for c in self.live for e in c.inputs)
 
     def _layout(self):
@@ -345,7 +418,12 @@ class Kernels:
         for a, f in zip(v, self.F):
             for sym in sorted(f.free_symbols & col.keys(), key=natural_key):
                 kind, j = col[sym]
-                terms[kind][j].append(a * _diff(f, sym))
+                d = _diff(f, sym)
+                if self.strong_zero and not d.is_number:
+                    terms[kind][j].append(sympy.Piecewise((a * d, sympy.Ne(a, 0)),
+                                                          (sympy.S.Zero, True)))
+                else:
+                    terms[kind][j].append(a * d)
         return ([sympy.Add(*t) for t in terms["u"]], [sympy.Add(*t) for t in terms["p"]])
 
     def _vjp_parts(self, v):
@@ -365,6 +443,10 @@ class Kernels:
 
     def values(self, name):
         """``name(y, u, p, t, ws)``: y = F."""
+        if self.graph is not None:
+            body = self._body()
+            body.assign_nodes([(at(array("y"), i), x, False) for i, x in enumerate(self.G)])
+            return body.kernel(name, ["y", "u", "p", "t", "ws"], self.base_loads)
         body = _Body()
         need_in, fwd, syms = self._forward_needs(self.F)
         self._forward_phase(body, need_in, fwd, syms)
@@ -375,6 +457,13 @@ class Kernels:
     def vjp(self, name):
         """``name(ubar, pbar, v, u, p, t, ws)``: ubar = v^T dF/du written, pbar += v^T dF/dp."""
         v = _symbols("v", self.m)
+        if self.graph is not None:
+            body = self._body()
+            ubar, pbar = self._graph_vjp([self.graph.sym(a) for a in v])
+            body.assign_nodes([(at(UBAR, j), x, False) for j, x in enumerate(ubar)]
+                              + [(at(PBAR, j), x, True) for j, x in enumerate(pbar)])
+            loads = {**self.base_loads, **_loads(V, v)}
+            return body.kernel(name, ["ubar", "pbar", "v", "u", "p", "t", "ws"], loads)
         xb, active, ubar, pbar, (need_in, fwd, syms, taped) = self._vjp_parts(v)
         body = _Body()
         self._forward_phase(body, need_in, fwd, syms, taped)
@@ -386,6 +475,14 @@ class Kernels:
     def jac(self, name):
         """``name(J, u, p, t, ws)``: J = dF/du, (m, n) row-major, written whole."""
         n = self.n
+        if self.graph is not None:
+            J = array("J")
+            body = self._body()
+            body.zero(J, self.m * n)
+            body.assign_nodes([(at(J, i * n + j), x, False)
+                               for i, row in enumerate(self._graph_rows(self.Un))
+                               for j, x in row if x is not self.graph.ZERO])
+            return body.kernel(name, ["J", "u", "p", "t", "ws"], self.base_loads)
         dXdu, dXdz, has_du = {}, {}, {}
         for c in self.live:
             dXdu[c.index] = [_row(x, self.u) for x in c.inputs]
@@ -470,8 +567,11 @@ class Kernels:
     def sparsity(self):
         """The structural pattern of dF/du in CSR form: ``(indptr, indices)`` int64, the
         columns of each row sorted; entry (i, j) is present when F_i reads u_j."""
-        reads, _ = self._reads()
-        rows = [sorted(reads((f,))) for f in self.F]
+        if self.graph is not None:
+            rows = [[j for j, _ in row] for row in self._graph_rows(self.Un, diff=False)]
+        else:
+            reads, _ = self._reads()
+            rows = [sorted(reads((f,))) for f in self.F]
         indptr = np.zeros(len(rows) + 1, dtype=np.int64)
         indptr[1:] = np.cumsum([len(r) for r in rows])
         indices = np.array([j for r in rows for j in r], dtype=np.int64)
@@ -490,6 +590,11 @@ class Kernels:
                                       "states is not supported yet; use the dense one")
         indptr, indices = self.sparsity()
         JX = array("Jx")
+        if self.graph is not None:
+            body = self._body()
+            body.assign_nodes([(at(JX, k), x, False) for k, x in enumerate(
+                x for row in self._graph_rows(self.Un) for _, x in row)])
+            return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
         items = []
         for i, f in enumerate(self.F):
             for k in range(indptr[i], indptr[i + 1]):
@@ -530,6 +635,13 @@ class Kernels:
         args = ["Jp", "u", "p", "t", "ws"]
         Jp = array("Jp")
         npar = self.n_params
+        if self.graph is not None:
+            body = self._body()
+            body.zero(Jp, self.m * npar)
+            body.assign_nodes([(at(Jp, i * npar + j), x, False)
+                               for i, row in enumerate(self._graph_rows(self.Pn))
+                               for j, x in row if x is not self.graph.ZERO])
+            return body.kernel(name, args, self.base_loads)
         body = _Body()
         if not self.live:
             body.assign([(At(Jp, i * npar + j), e, False) for i, f in enumerate(self.F)
@@ -561,6 +673,14 @@ class Kernels:
         """``name(ubar, pbar, lam, v, u, p, t, ws)``: the gradient over (u, p) of
         lam^T (dF/du) v; ubar written, pbar added to."""
         lam, vv = _symbols("lam", self.m), _symbols("v", self.n)
+        if self.graph is not None:
+            g = self.graph
+            body = self._body()
+            ubar, pbar = self._graph_hvp([g.sym(a) for a in lam], [g.sym(a) for a in vv])
+            body.assign_nodes([(at(UBAR, j), x, False) for j, x in enumerate(ubar)]
+                              + [(at(PBAR, j), x, True) for j, x in enumerate(pbar)])
+            loads = {**self.base_loads, **_loads(LAM, lam), **_loads(V, vv)}
+            return body.kernel(name, ["ubar", "pbar", "lam", "v", "u", "p", "t", "ws"], loads)
         zd = {c.index: _symbols(f"zd{c.index}_", len(c.outputs)) for c in self.live}
         outs = {z: (c.index, o) for c in self.live for o, z in enumerate(c.outputs)}
 
@@ -606,6 +726,53 @@ class Kernels:
                       lambda j: At(PBAR, j))
         loads = {**self.base_loads, **_loads(LAM, lam), **_loads(V, vv)}
         return body.kernel(name, ["ubar", "pbar", "lam", "v", "u", "p", "t", "ws"], loads)
+
+    # ----------------------------------------------------------- graph path
+
+    def _graph_rows(self, leaves, diff=True):
+        """Per output, ``[(j, dF_i/d leaves[j])]`` for the leaves it reads, by j (the
+        derivative None when not `diff`)."""
+        g = self.graph
+        col = {x: j for j, x in enumerate(leaves)}
+        rows = []
+        for f in self.G:
+            js = sorted(col[x] for x in g.free(f) if x in col)
+            rows.append([(j, g.diff(f, leaves[j]) if diff else None) for j in js])
+        return rows
+
+    def _graph_terms(self, weights, exprs, strong_zero=False):
+        """``(ubar, pbar)`` nodes: the sums over outputs of ``weights[i] d exprs[i]`` by
+        each state and mechanistic parameter, row by row over the symbols each reads."""
+        g = self.graph
+        col = {x: ("u", j) for j, x in enumerate(self.Un)}
+        col.update({x: ("p", j) for j, x in enumerate(self.Pn)})
+        terms = {"u": [[] for _ in self.Un], "p": [[] for _ in self.Pn]}
+        for a, f in zip(weights, exprs):
+            for x in sorted((x for x in g.free(f) if x in col), key=_node_order):
+                kind, j = col[x]
+                d = g.diff(f, x)
+                if d is g.ZERO:
+                    continue
+                term = g.mul(a, d)
+                if strong_zero and d.op != "num":
+                    term = g.piecewise((term, g.rel("ne", a, g.ZERO)), (g.ZERO, g.TRUE))
+                terms[kind][j].append(term)
+        return [g.add(*t) for t in terms["u"]], [g.add(*t) for t in terms["p"]]
+
+    def _graph_vjp(self, v):
+        return self._graph_terms(v, self.G, self.strong_zero)
+
+    def _graph_hvp(self, lam, vv):
+        """The gradient of lam^T (dF/du) vv: per output, its tangent along vv, then that
+        tangent's derivatives weighted by lam."""
+        g = self.graph
+        tangents = [g.add(*[g.mul(d, vv[j]) for j, d in row])
+                    for row in self._graph_rows(self.Un)]
+        return self._graph_terms(lam, tangents)
+
+
+def _node_order(x):
+    return x.n
 
 
 def _with_pbar(stmts, arr, base):

@@ -33,7 +33,9 @@ from sympy.codegen.cfunctions import expm1, log1p, log2, log10
 
 from nets import activations as _act
 
+from . import irtext
 from .code import SCALAR_ARGS, Assign, At, Loop, Note, sigmoid
+from .graph import BOOL_OPS, Node, to_sympy
 
 __all__ = ["compile_kernels", "ir_text"]
 
@@ -59,6 +61,8 @@ def _is_int(e):
 def _is_bool(e):
     """A condition (a comparison or a logical function of them; sympy's Symbols are also
     Booleans, so that class is not the test)."""
+    if isinstance(e, Node):
+        return e.op in BOOL_OPS
     return isinstance(e, (sympy.core.relational.Relational, sympy.logic.boolalg.BooleanFunction,
                           sympy.logic.boolalg.BooleanAtom))
 
@@ -155,6 +159,8 @@ class _Function:
     def value(self, e, ty):
         """``e`` as an LLVM value of type ``ty`` (F64, I64 or I1)."""
         b = self.b
+        if isinstance(e, Node):
+            e = to_sympy(e)
         if ty == I1:
             return self._condition(e)
         if isinstance(e, sympy.Symbol):
@@ -273,6 +279,8 @@ class _Function:
 
     def _condition(self, c):
         b = self.b
+        if isinstance(c, Node):
+            c = to_sympy(c)
         if c == sympy.true:
             return ir.Constant(I1, 1)
         if c == sympy.false:
@@ -457,27 +465,54 @@ def _intrinsic(module, name, nargs=1):
 _RUNTIME = _Runtime()
 
 
-def ir_module(kernels, name="sciml_model", suffix=""):
-    """An llvmlite IR module with one function per kernel (named ``kernel.name + suffix``)."""
+def _lower(kernels, name, suffix):
+    """(llvmlite module with the kernels printed by `_Function`, IR texts of the graph
+    kernels printed by `sciml.model.irtext`, names of those)."""
     module = ir.Module(name=name)
     module.triple = llvm.get_process_triple()
+    texts, big = [], []
     for k in kernels:
+        if irtext.graph_kernel(k):
+            try:
+                texts.append(irtext.kernel_text(k, k.name + suffix, module, _RUNTIME))
+                big.append(k.name)
+                continue
+            except irtext.LoweringError:
+                pass  # printed below, through sympy
         f = _Function(module, k, _RUNTIME, k.name + suffix)
         f.emit(k.body)
         f.b.ret_void()
-    return module
+    return module, texts, big
 
 
 def ir_text(kernels):
     """The LLVM IR (text, before optimisation) of `kernels`."""
-    return str(ir_module(kernels))
+    module, texts, _ = _lower(kernels, "sciml_model", "")
+    return "\n\n".join([str(module)] + texts)
 
 
 # ---------------------------------------------------------------- the JIT
 
+# Kernels of more statements than this compile with LLVM's fast instruction selection
+# and register allocation (its optimising ones cost time growing faster than the code);
+# python -m benchmarks.model_build measures build and solve both ways.
+BIG = 4000
+
+
+def _size(kernel):
+    return sum(1 for _ in kernel.statements())
+
+
+def is_big(kernel):
+    """Whether `kernel` has more than `BIG` statements (compiled without LLVM's optimising
+    code generator)."""
+    return _size(kernel) > BIG
+
 
 class _JIT:
-    """One MCJIT engine per process; models add their kernels as modules of their own."""
+    """MCJIT engines, one per process and optimisation level; models add their kernels
+    as modules of their own: small kernels fully optimised (O3), large ones (more than
+    `BIG` statements) through a short pipeline and LLVM's fast code generator."""
 
     def __init__(self):
         llvm.initialize_native_target()
@@ -485,30 +520,59 @@ class _JIT:
         libm = ctypes.util.find_library("m")
         if libm:
             llvm.load_library_permanently(libm)
-        target = llvm.Target.from_default_triple()
-        self.tm = target.create_target_machine(
-            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
-            opt=3, codemodel="jitdefault")
+        self.target = llvm.Target.from_default_triple()
+        self.tm = self._machine(3)
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
+        self._fast = None
         self.lock = threading.Lock()
         self._count = 0
+
+    def _machine(self, opt):
+        return self.target.create_target_machine(
+            cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+            opt=opt, codemodel="jitdefault")
+
+    def fast(self):
+        """(target machine, engine) of the fast code generator (made on first need)."""
+        if self._fast is None:
+            tm = self._machine(0)
+            self._fast = (tm, llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm))
+        return self._fast
 
     def compile(self, kernels):
         """Machine code for `kernels`; returns ``{name: address}``."""
         with self.lock:
-            self._count += 1
-            suffix = f".m{self._count}"  # symbols unique across the process's models
-            mod = ir_module(kernels, name=f"sciml_model{suffix}", suffix=suffix)
-            parsed = llvm.parse_assembly(str(mod))
-            parsed.verify()
+            out = {}
+            large = [k for k in kernels if is_big(k)]
+            small = [k for k in kernels if not is_big(k)]
+            for group, optimise in ((small, True), (large, False)):
+                if group:
+                    out.update(self._compile(group, optimise))
+            return out
+
+    def _compile(self, kernels, optimise):
+        self._count += 1
+        suffix = f".m{self._count}"  # symbols unique across the process's models
+        module, texts, _ = _lower(kernels, f"sciml_model{suffix}", suffix)
+        parsed = llvm.parse_assembly("\n\n".join([str(module)] + texts))
+        parsed.verify()
+        if optimise:
+            tm, engine = self.tm, self.engine
             pto = llvm.create_pipeline_tuning_options(speed_level=3)
             pto.loop_vectorization = True
             pto.slp_vectorization = True
-            pb = llvm.create_pass_builder(self.tm, pto)
+            pb = llvm.create_pass_builder(tm, pto)
             pb.getModulePassManager().run(parsed, pb)
-            self.engine.add_module(parsed)
-            self.engine.finalize_object()
-            return {k.name: self.engine.get_function_address(k.name + suffix) for k in kernels}
+        else:
+            tm, engine = self.fast()
+            pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=0))
+            mpm = llvm.create_new_module_pass_manager()
+            mpm.add_always_inliner_pass()
+            mpm.add_sroa_pass()  # the stack slots of kernels printed by `_Function`
+            mpm.run(parsed, pb)
+        engine.add_module(parsed)
+        engine.finalize_object()
+        return {k.name: engine.get_function_address(k.name + suffix) for k in kernels}
 
 
 _jit = None

@@ -203,7 +203,7 @@ class Model:
         obs = None
         if observables:
             obs = trace_observables(observables, states, params, nets)
-            sets["g"] = KernelSet(obs, specs, n_params)
+            sets["g"] = KernelSet(obs, specs, n_params, strong_zero=True)
         name = getattr(f, "__name__", type(f).__name__)
         asm = Assembly(sets, 0, sets["f"].gen.autonomous)
         self._finish(name, states, params, nets, tuple(observables), n_params, asm)
@@ -293,7 +293,7 @@ class Model:
         sets = {}
         if observables:
             obs = trace_observables(observables, states, params, {})
-            sets["g"] = KernelSet(obs, {}, len(params))
+            sets["g"] = KernelSet(obs, {}, len(params), strong_zero=True)
         name = name or getattr(rhs_into, "__name__", "kernels")
         self = cls.__new__(cls)
         self._finish(name, states, params, {}, tuple(observables), len(params),
@@ -585,7 +585,7 @@ def _rebuild_model(cls, name, states, params, nets, obs_names, trace, obs_trace)
     specs, n_params = Model._net_specs(nets, len(params))
     sets = {"f": KernelSet(trace, specs, n_params)}
     if obs_trace is not None:
-        sets["g"] = KernelSet(obs_trace, specs, n_params)
+        sets["g"] = KernelSet(obs_trace, specs, n_params, strong_zero=True)
     asm = Assembly(sets, 0, sets["f"].gen.autonomous)
     self._finish(name, states, params, nets, tuple(obs_names), n_params, asm)
     self._trace, self._obs_trace = trace, obs_trace

@@ -8,11 +8,19 @@ expressions and returns fresh symbols (an opaque node). The result is a
 `Trace`: one expression per state derivative plus the recorded net calls, in
 call order (a later call may take an earlier call's outputs as inputs).
 
+A model of `GRAPH_FROM` states or more without networks is traced into a
+`sciml.model.graph.Graph` instead: the same operations build its nodes, at a
+few microseconds each where sympy's cost tens to hundreds (its flattening and
+assumption queries), and the `Trace` gives the sympy expressions only when
+asked (`Trace.exprs`, unevaluated: the graph's own structure). ``Sym.expr`` is
+sympy in both modes.
+
 Anything tracing cannot express raises `ModelError` with the place in the
 user's code (file:line): branching on a traced value, unknown names, wrong
 shapes, unsupported numpy functions.
 """
 
+import contextlib
 import inspect
 import keyword
 import operator
@@ -23,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import sympy
 from sympy.codegen.cfunctions import expm1, log1p, log2, log10
+
+from .graph import Graph, quiet_gc, to_sympy
 
 _HERE = os.path.abspath(__file__)
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
@@ -57,15 +67,36 @@ class NetCall:
     outputs: tuple
 
 
-@dataclass(frozen=True)
+# Models of at least this many states (and no networks) are traced into a graph.
+GRAPH_FROM = 256
+
+
 class Trace:
     """A traced function: ``y[i] = exprs[i]`` in the symbols u0.. (states; none for
-    initial values), p0.., t, and the outputs of the recorded net calls."""
+    initial values), p0.., t, and the outputs of the recorded net calls.
 
-    exprs: tuple
-    calls: tuple
-    u: tuple
-    p: tuple
+    A trace into a graph holds ``graph`` and ``nodes`` (one per output) and makes
+    ``exprs`` on first use; it pickles as its sympy expressions.
+    """
+
+    def __init__(self, exprs, calls, u, p, graph=None, nodes=None):
+        self._exprs = None if exprs is None else tuple(exprs)
+        self.calls, self.u, self.p = tuple(calls), tuple(u), tuple(p)
+        self.graph = graph
+        self.nodes = None if nodes is None else tuple(nodes)
+
+    @property
+    def exprs(self):
+        if self._exprs is None:
+            memo = {}
+            self._exprs = tuple(to_sympy(x, memo) for x in self.nodes)
+        return self._exprs
+
+    def __len__(self):
+        return len(self.nodes) if self.nodes is not None else len(self._exprs)
+
+    def __reduce__(self):
+        return (Trace, (self.exprs, self.calls, self.u, self.p))
 
 
 # ------------------------------------------------------------ error context
@@ -105,19 +136,33 @@ BRANCH = ("the model branches on a traced value (`if`/`while` on a state or para
 # ------------------------------------------------------------------ proxies
 
 
+def _graph():
+    """The graph of the trace in progress, None when it builds sympy expressions."""
+    return getattr(_active, "graph", None)
+
+
 def _lift(x):
-    """A sympy expression from a proxy or a number; None for anything else."""
+    """A sympy expression (a graph node when tracing into a graph) from a proxy or a
+    number; None for anything else."""
+    g = getattr(_active, "graph", None)
     if isinstance(x, Sym):
-        return x.expr
+        v = x._v
+        if g is not None and isinstance(v, sympy.Basic):
+            return g.from_sympy(v)
+        return v
     if isinstance(x, (bool, np.bool_)):
         return None
     if isinstance(x, (int, np.integer)):
-        return sympy.Integer(int(x))
+        return sympy.Integer(int(x)) if g is None else g.num(int(x))
     if isinstance(x, (float, np.floating)):
-        return sympy.Float(float(x))
+        return sympy.Float(float(x)) if g is None else g.num(float(x))
     if isinstance(x, np.ndarray) and x.ndim == 0:
         return _lift(x[()])
     return None
+
+
+def _sympy_form(v):
+    return v if isinstance(v, sympy.Basic) else to_sympy(v)
 
 
 def _scalar(x, what):
@@ -144,14 +189,23 @@ def _elementwise(fn, args, what):
     return Vec([fn(*[a[k] if _is_sequence(a) else a for a in args]) for k in range(n)])
 
 
+_GRAPH_ARITH = {operator.add: Graph.add, operator.sub: Graph.sub, operator.mul: Graph.mul,
+                operator.truediv: Graph.div, operator.pow: Graph.pow}
+
+
 def _arith(op):
+    gop = _GRAPH_ARITH[op]
+
     def forward(self, other):
         if _is_sequence(other):
             return NotImplemented
         o = _lift(other)
         if o is None:
             return NotImplemented
-        return Sym(op(self.expr, o))
+        g = _graph()
+        if g is None:
+            return Sym(op(self._v, o))
+        return Sym(gop(g, _lift(self), o))
 
     def reverse(self, other):
         if _is_sequence(other):
@@ -159,30 +213,41 @@ def _arith(op):
         o = _lift(other)
         if o is None:
             return NotImplemented
-        return Sym(op(o, self.expr))
+        g = _graph()
+        if g is None:
+            return Sym(op(o, self._v))
+        return Sym(gop(g, o, _lift(self)))
 
     return forward, reverse
 
 
-def _compare(make):
+def _compare(make, kind):
     def method(self, other):
         if _is_sequence(other):
             return NotImplemented
         o = _lift(other)
         if o is None:
             return NotImplemented
-        return Rel(make(self.expr, o))
+        g = _graph()
+        if g is None:
+            return Rel(make(self._v, o))
+        return Rel(g.rel(kind, _lift(self), o))
     return method
 
 
 class Sym:
-    """A traced scalar: a sympy expression that behaves like a float under numpy."""
+    """A traced scalar: a sympy expression (or graph node) that behaves like a float
+    under numpy; ``expr`` is its sympy form."""
 
-    __slots__ = ("expr",)
+    __slots__ = ("_v",)
     __array_priority__ = 1000
 
     def __init__(self, expr):
-        self.expr = expr
+        self._v = expr
+
+    @property
+    def expr(self):
+        return _sympy_form(self._v)
 
     def __repr__(self):
         return f"Sym({self.expr})"
@@ -194,20 +259,22 @@ class Sym:
     __pow__, __rpow__ = _arith(operator.pow)
 
     def __neg__(self):
-        return Sym(-self.expr)
+        g = _graph()
+        return Sym(-self._v) if g is None else Sym(g.neg(_lift(self)))
 
     def __pos__(self):
         return self
 
     def __abs__(self):
-        return Sym(sympy.Abs(self.expr))
+        g = _graph()
+        return Sym(sympy.Abs(self._v)) if g is None else Sym(g.fn(sympy.Abs, _lift(self)))
 
-    __lt__ = _compare(sympy.StrictLessThan)
-    __le__ = _compare(sympy.LessThan)
-    __gt__ = _compare(sympy.StrictGreaterThan)
-    __ge__ = _compare(sympy.GreaterThan)
-    __eq__ = _compare(lambda a, b: sympy.Eq(a, b))
-    __ne__ = _compare(lambda a, b: sympy.Ne(a, b))
+    __lt__ = _compare(sympy.StrictLessThan, "lt")
+    __le__ = _compare(sympy.LessThan, "le")
+    __gt__ = _compare(sympy.StrictGreaterThan, "gt")
+    __ge__ = _compare(sympy.GreaterThan, "ge")
+    __eq__ = _compare(lambda a, b: sympy.Eq(a, b), "eq")
+    __ne__ = _compare(lambda a, b: sympy.Ne(a, b), "ne")
     __hash__ = None
 
     def __floordiv__(self, other):
@@ -236,44 +303,59 @@ class Sym:
 class Rel:
     """A traced condition (from a comparison); usable only inside np.where and & | ~."""
 
-    __slots__ = ("expr",)
+    __slots__ = ("_v",)
     __array_priority__ = 1000
 
     def __init__(self, expr):
-        self.expr = expr
+        self._v = expr
+
+    @property
+    def expr(self):
+        return _sympy_form(self._v)
 
     def __repr__(self):
         return f"Rel({self.expr})"
 
     def __bool__(self):
-        if not self.expr.free_symbols and self.expr in (sympy.true, sympy.false):
-            return bool(self.expr)
+        v = self._v
+        if isinstance(v, sympy.Basic):
+            if not v.free_symbols and v in (sympy.true, sympy.false):
+                return bool(v)
+        elif v.op in ("true", "false"):
+            return v.op == "true"
         _fail(BRANCH)
 
-    def _logic(op):
+    def _logic(op, kind):
         def method(self, other):
-            if isinstance(other, (bool, np.bool_)):
-                other = sympy.true if other else sympy.false
-            elif isinstance(other, Rel):
-                other = other.expr
-            else:
+            if not isinstance(other, (bool, np.bool_, Rel)):
                 return NotImplemented
-            return Rel(op(self.expr, other))
+            return Rel(_logic_of(op, kind, self, other))
         return method
 
-    __and__ = __rand__ = _logic(sympy.And)
-    __or__ = __ror__ = _logic(sympy.Or)
-    __xor__ = __rxor__ = _logic(sympy.Xor)
+    __and__ = __rand__ = _logic(sympy.And, "and")
+    __or__ = __ror__ = _logic(sympy.Or, "or")
+    __xor__ = __rxor__ = _logic(sympy.Xor, "xor")
     del _logic
 
     def __invert__(self):
-        return Rel(sympy.Not(self.expr))
+        g = _graph()
+        if g is None:
+            return Rel(sympy.Not(self._v))
+        return Rel(g.logic_not(_cond(self, "~")))
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         return _ufunc(ufunc, method, inputs, kwargs)
 
     def __array_function__(self, func, types, args, kwargs):
         return _array_function(func, args, kwargs)
+
+
+def _logic_of(op, kind, a, b):
+    """``op(a, b)`` of two conditions (Rel or bool) as sympy or a graph node."""
+    g = _graph()
+    if g is None:
+        return op(_cond(a, kind), _cond(b, kind))
+    return g.logic(kind, _cond(a, kind), _cond(b, kind))
 
 
 def _vec_binary(op):
@@ -406,10 +488,16 @@ class Nets:
 
 def _max(a, b):
     # As a Piecewise, so that derivatives come out as plain branches (not Heaviside).
+    g = _graph()
+    if g is not None:
+        return g.piecewise((a, g.rel("ge", a, b)), (b, g.TRUE))
     return sympy.Piecewise((a, a >= b), (b, True))
 
 
 def _min(a, b):
+    g = _graph()
+    if g is not None:
+        return g.piecewise((a, g.rel("le", a, b)), (b, g.TRUE))
     return sympy.Piecewise((a, a <= b), (b, True))
 
 
@@ -436,11 +524,43 @@ COMPARE = {
 }
 LOGIC = {"logical_and": sympy.And, "logical_or": sympy.Or, "logical_xor": sympy.Xor}
 
+# The same functions on graph nodes: f(graph, *args).
+
+
+def _gfn(f):
+    return lambda g, *a: g.fn(f, *a)
+
+
+G_UNARY = {
+    "negative": Graph.neg, "positive": lambda g, a: a, "absolute": _gfn(sympy.Abs),
+    "fabs": _gfn(sympy.Abs), "sign": _gfn(sympy.sign),
+    "square": lambda g, a: g.pow(a, g.num(2)), "reciprocal": lambda g, a: g.pow(a, g.num(-1)),
+    "sqrt": lambda g, a: g.pow(a, g.num(0.5)), "exp2": lambda g, a: g.pow(g.num(2), a),
+    **{k: _gfn(v) for k, v in UNARY.items() if isinstance(v, type)},
+}
+G_BINARY = {
+    "add": Graph.add, "subtract": Graph.sub, "multiply": Graph.mul, "divide": Graph.div,
+    "true_divide": Graph.div, "power": Graph.pow, "float_power": Graph.pow,
+    "maximum": lambda g, a, b: _max(a, b), "minimum": lambda g, a, b: _min(a, b),
+    "fmax": lambda g, a, b: _max(a, b), "fmin": lambda g, a, b: _min(a, b),
+    "arctan2": _gfn(sympy.atan2),
+    "hypot": lambda g, a, b: g.pow(g.add(g.pow(a, g.num(2)), g.pow(b, g.num(2))), g.num(0.5)),
+}
+G_COMPARE = {"greater": "gt", "greater_equal": "ge", "less": "lt", "less_equal": "le",
+             "equal": "eq", "not_equal": "ne"}
+G_LOGIC = {"logical_and": "and", "logical_or": "or", "logical_xor": "xor"}
+
 
 def _cond(x, what):
+    g = _graph()
     if isinstance(x, Rel):
-        return x.expr
+        v = x._v
+        if g is not None and isinstance(v, sympy.Basic):
+            return g.from_sympy(v)
+        return v
     if isinstance(x, (bool, np.bool_)):
+        if g is not None:
+            return g.TRUE if x else g.FALSE
         return sympy.true if x else sympy.false
     _fail(f"{what} must be a condition (a comparison such as `x > 0`), got "
           f"{type(x).__name__}")
@@ -454,6 +574,9 @@ def _ufunc(ufunc, method, inputs, kwargs):
         _fail(f"np.{name}: keyword arguments ({', '.join(kwargs)}) are not supported on "
               "traced values")
     what = f"np.{name}"
+    g = _graph()
+    if g is not None:
+        return _graph_ufunc(g, name, inputs, what)
     if name in UNARY:
         f = UNARY[name]
         return _elementwise(lambda a: Sym(f(_scalar(a, what))), inputs, what)
@@ -473,6 +596,27 @@ def _ufunc(ufunc, method, inputs, kwargs):
     _unsupported(what)
 
 
+def _graph_ufunc(g, name, inputs, what):
+    if name in G_UNARY:
+        f = G_UNARY[name]
+        return _elementwise(lambda a: Sym(f(g, _scalar(a, what))), inputs, what)
+    if name in G_BINARY:
+        f = G_BINARY[name]
+        return _elementwise(lambda a, b: Sym(f(g, _scalar(a, what), _scalar(b, what))), inputs,
+                            what)
+    if name in G_COMPARE:
+        k = G_COMPARE[name]
+        return _elementwise(lambda a, b: Rel(g.rel(k, _scalar(a, what), _scalar(b, what))),
+                            inputs, what)
+    if name in G_LOGIC:
+        k = G_LOGIC[name]
+        return _elementwise(lambda a, b: Rel(g.logic(k, _cond(a, what), _cond(b, what))),
+                            inputs, what)
+    if name == "logical_not":
+        return _elementwise(lambda a: Rel(g.logic_not(_cond(a, what))), inputs, what)
+    _unsupported(what)
+
+
 def _where(cond, a=None, b=None):
     if a is None or b is None:
         _fail("np.where needs three arguments on traced values: np.where(condition, a, b)")
@@ -480,6 +624,9 @@ def _where(cond, a=None, b=None):
     def one(c, x, y):
         c = _cond(c, "np.where: the condition")
         x, y = _scalar(x, "np.where: `a`"), _scalar(y, "np.where: `b`")
+        g = _graph()
+        if g is not None:
+            return Sym(g.piecewise((x, c), (y, g.TRUE)))
         if c == sympy.true:
             return Sym(x)
         if c == sympy.false:
@@ -503,19 +650,27 @@ def _clip(a, a_min, a_max):
 def _sum(a):
     if not _is_sequence(a):
         return Sym(_scalar(a, "np.sum"))
-    return Sym(sympy.Add(*[_scalar(x, "np.sum") for x in a]))
+    xs = [_scalar(x, "np.sum") for x in a]
+    g = _graph()
+    return Sym(sympy.Add(*xs) if g is None else g.add(*xs))
 
 
 def _prod(a):
     if not _is_sequence(a):
         return Sym(_scalar(a, "np.prod"))
-    return Sym(sympy.Mul(*[_scalar(x, "np.prod") for x in a]))
+    xs = [_scalar(x, "np.prod") for x in a]
+    g = _graph()
+    return Sym(sympy.Mul(*xs) if g is None else g.mul(*xs))
 
 
 def _dot(a, b):
     if not (_is_sequence(a) and _is_sequence(b)) or len(a) != len(b):
         _fail("np.dot on traced values takes two 1-D sequences of the same length")
-    return Sym(sympy.Add(*[_scalar(x, "np.dot") * _scalar(y, "np.dot") for x, y in zip(a, b)]))
+    xs = [(_scalar(x, "np.dot"), _scalar(y, "np.dot")) for x, y in zip(a, b)]
+    g = _graph()
+    if g is None:
+        return Sym(sympy.Add(*[x * y for x, y in xs]))
+    return Sym(g.add(*[g.mul(x, y) for x, y in xs]))
 
 
 FUNCTIONS = {"where": _where, "clip": _clip, "sum": _sum, "prod": _prod, "dot": _dot}
@@ -567,7 +722,10 @@ def check_names(kind, names):
                 or n.startswith("_"):
             raise ValueError(f"`{kind}`: {n!r} is not a valid name (a Python identifier not "
                              "starting with `_`)")
-    dup = sorted({n for n in names if names.count(n) > 1})
+    seen, dup = set(), set()
+    for n in names:
+        (dup if n in seen else seen).add(n)
+    dup = sorted(dup)
     if dup:
         raise ValueError(f"`{kind}`: duplicate names {', '.join(dup)}")
     return names
@@ -599,21 +757,28 @@ def _arity(fn, allowed, what):
                     f"arguments, it takes {len(positional)}")
 
 
-class _Context:
-    """Names the function being traced, for error messages raised by the proxies."""
+_nothing = contextlib.nullcontext
 
-    def __init__(self, label, where):
+
+class _Context:
+    """Names the function being traced, for error messages raised by the proxies, and
+    the graph it is traced into (None: sympy)."""
+
+    def __init__(self, label, where, graph=None):
         self.label = (label, where)
+        self.graph = graph
 
     def __enter__(self):
-        self.prev = getattr(_active, "label", None)
-        _active.label = self.label
+        self.prev = getattr(_active, "label", None), getattr(_active, "graph", None)
+        _active.label, _active.graph = self.label, self.graph
 
     def __exit__(self, *exc):
-        if self.prev is None:
+        label, graph = self.prev
+        if label is None:
             del _active.label
         else:
-            _active.label = self.prev
+            _active.label = label
+        _active.graph = graph
 
 
 def _as_exprs(out, states, label, what="derivatives"):
@@ -641,10 +806,11 @@ def _as_exprs(out, states, label, what="derivatives"):
     return tuple(exprs)
 
 
-def _proxies(states, params):
+def _proxies(states, params, graph=None):
     u_sym, p_sym = state_symbols(len(states)), param_symbols(len(params))
-    u = Named([Sym(s) for s in u_sym], states, "state", other=params)
-    p = Named([Sym(s) for s in p_sym], params, "parameter", other=states)
+    leaf = (lambda s: s) if graph is None else graph.sym
+    u = Named([Sym(leaf(s)) for s in u_sym], states, "state", other=params)
+    p = Named([Sym(leaf(s)) for s in p_sym], params, "parameter", other=states)
     return u_sym, p_sym, u, p
 
 
@@ -662,11 +828,15 @@ def trace_model(f, states, params, chains):
     name, where = _describe(f)
     label = f"model function `{name}`"
     nargs = _arity(f, (4,) if chains else (3, 4), label)
-    u_sym, p_sym, u, p = _proxies(states, params)
+    graph = Graph() if not chains and len(states) >= GRAPH_FROM else None
+    u_sym, p_sym, u, p = _proxies(states, params, graph)
     calls = []
-    with _Context(label, where):
-        out = f(*(u, p, Sym(T), Nets(chains, calls))[:nargs])
-    exprs = _as_exprs(out, states, f"{label} (defined at {where})")
+    t = Sym(T if graph is None else graph.sym(T))
+    with _Context(label, where, graph), quiet_gc() if graph is not None else _nothing():
+        out = f(*(u, p, t, Nets(chains, calls))[:nargs])
+        exprs = _as_exprs(out, states, f"{label} (defined at {where})")
+    if graph is not None:
+        return Trace(None, (), u_sym, p_sym, graph=graph, nodes=exprs)
     return Trace(exprs, tuple(calls), u_sym, p_sym)
 
 

@@ -62,7 +62,7 @@ def _intrinsic_base(name):
 
 
 def optimised(module):
-    """The IR module parsed and run through the pipeline `sciml.model.llvm` compiles with."""
+    """The IR (text) parsed and run through the pipeline `sciml.model.llvm` compiles with."""
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     parsed = llvm.parse_assembly(str(module))
@@ -148,7 +148,7 @@ def test_kernels_call_only_math_functions(make, rng):
     case = make(rng)
     trees = kernel_trees(case, u0=_ude_u0 if case.name.startswith("ude") else None)
     names = [k.name for k in trees]
-    parsed = optimised(model_llvm.ir_module(trees))
+    parsed = optimised(model_llvm.ir_text(trees))
     assert {f.name for f in parsed.functions if not f.is_declaration} == set(names)
     assert violations(parsed) == []
 
@@ -159,7 +159,7 @@ def test_a_custom_activation_is_an_indirect_call_to_its_registered_address(cube_
     m = sm.Model(_neural_ode, ["x", "y"], [], nets={"net": chain})
     case = zoo.Case("cube", m, None, None, 0.0, _neural_ode)
     # no hvp: "cube" has no second derivative
-    parsed = optimised(model_llvm.ir_module([k for k in kernel_trees(case) if k.name != "hvp"]))
+    parsed = optimised(model_llvm.ir_text([k for k in kernel_trees(case) if k.name != "hvp"]))
     found = violations(parsed)
     assert found and all("indirect call" in v for v in found), found
     assert violations(parsed, {activation_address("cube", k) for k in (0, 1)}) == []

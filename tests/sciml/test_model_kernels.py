@@ -228,6 +228,27 @@ def test_observables_and_their_vjp(make, rng):
                                           case.theta))
 
 
+def test_an_unseeded_observable_that_is_nan_adds_nothing():
+    # frac = x / (x + y) is 0/0 at the origin (Laske_PLOSComputBiol2019's F_rnp_nuc at
+    # t = 0); with its cotangent zero, the vjp is that of the other observable alone
+    # (a strong zero: 0 * NaN would make every forward sensitivity's gradient NaN)
+    m = sm.Model(lambda u, p, t: [-p.k * u.x, p.k * u.x], ["x", "y"], ["k", "a"],
+                 observables={"obs": lambda u, p: p.a * u.x,
+                              "frac": lambda u, p: p.a * u.x / (u.x + u.y)})
+    u, th = np.zeros(2), np.array([0.5, 2.0])
+    assert np.isnan(m.observe(u, th)[1])
+    ubar, pbar = np.full(2, np.nan), np.zeros(2)
+    call(m.kernel_table("obs_vjp"), "obs_vjp", (ubar, pbar, np.array([1.0, 0.0]), u, th),
+         0.0, m.workspace())
+    np.testing.assert_array_equal(ubar, [2.0, 0.0])
+    np.testing.assert_array_equal(pbar, [0.0, 0.0])
+    u = np.array([1.0, 3.0])  # away from 0/0 the seeded derivatives are unchanged
+    ybar = np.array([0.3, -0.7])
+    call(m.kernel_table("obs_vjp"), "obs_vjp", (ubar, pbar, ybar, u, th), 0.0, m.workspace())
+    close(ubar, ybar @ central_diff(lambda v: m.observe(v, th), u))
+    close(pbar, ybar @ central_diff(lambda q: m.observe(u, q), th))
+
+
 def test_observables_calling_a_net_do_not_change_f(rng):
     # The observables' net calls are their own: f's kernels and scratch are the UDE's.
     a, b = zoo.case_ude_observed(rng), zoo.case_ude(np.random.default_rng(0))
