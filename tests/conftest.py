@@ -11,6 +11,11 @@ import zlib
 import numpy as np
 import pytest
 
+# No background compile of a fused solve entry after many solves of one model: such a
+# compile (tens of seconds) pays off in a long fit, not in a test, and on two cores it
+# takes its time from the other worker. The tests of fusing set `erk.FUSE_AFTER` themselves.
+os.environ.setdefault("SCIML_FUSE_AFTER", "0")
+
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # pragma: no cover

@@ -6,6 +6,7 @@ arrays, so one compiled loop serves every explicit method (and `sciml.solve`'s
 lean path a copy with the coefficients as constants, `kernels.lean`).
 """
 
+import os
 import threading
 import warnings
 
@@ -17,10 +18,28 @@ from .base import Solver, check_adaptive, pi_controller
 from .kernels import erk as _erk
 from .kernels import lean as _lean
 
+
+def _fuse_after(default):
+    """SCIML_FUSE_AFTER from the environment, else `default`."""
+    text = os.environ.get("SCIML_FUSE_AFTER", "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"environment variable SCIML_FUSE_AFTER must be an integer >= 0 "
+                         f"(0: never fuse); got {text!r}")
+    return value
+
+
 #: Lean solves of one (solver, model) pair after which `sciml.solve` compiles its fused
 #: entry point (the model's right-hand side inlined, `kernels.linked`) in a background
-#: thread, ~10 s once per model and machine (then cached on disk); 0: never.
-FUSE_AFTER = 2000
+#: thread, ~10 s once per model and machine (then cached on disk); 0: never. The
+#: environment variable SCIML_FUSE_AFTER sets it (a test suite or a short-lived job on a
+#: small machine has no use for a compile that pays off after minutes).
+FUSE_AFTER = _fuse_after(2000)
 
 
 class ExplicitRK(Solver):

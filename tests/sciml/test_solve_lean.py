@@ -168,6 +168,19 @@ def test_lean_path_warning_points_at_the_caller():
     assert [x.filename for x in w if issubclass(x.category, SolveWarning)] == [__file__]
 
 
+def test_fuse_after_from_the_environment(monkeypatch):
+    from sciml.solvers import erk
+
+    monkeypatch.delenv("SCIML_FUSE_AFTER", raising=False)
+    assert erk._fuse_after(2000) == 2000
+    monkeypatch.setenv("SCIML_FUSE_AFTER", " 0 ")
+    assert erk._fuse_after(2000) == 0
+    for bad in ("-1", "many", "1.5"):
+        monkeypatch.setenv("SCIML_FUSE_AFTER", bad)
+        with pytest.raises(ValueError, match=f"SCIML_FUSE_AFTER must be an integer >= 0.*{bad}"):
+            erk._fuse_after(2000)
+
+
 def test_fused_entry_after_many_solves(monkeypatch):
     # After FUSE_AFTER lean solves of one (solver, model) pair, `solve` switches to the
     # entry point with the model's right-hand side linked in (compiled in a background
