@@ -633,7 +633,8 @@ def loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
     """Threaded loss (and gradient written into g) over samples lo:hi (see loss_grad_rows).
 
     Thread t takes one contiguous block of samples, its own workspace BUF[t]
-    and gradient buffer G[t]; the blocks are summed in thread order, so for a
+    and gradient buffer G[t] (its first n_params entries, its loss at n_params; the
+    rows may be longer); the blocks are summed in thread order, so for a
     given `nt` the result does not depend on scheduling. Fewer than two
     chunks run on the calling thread: a parallel launch costs more there.
     """
@@ -663,7 +664,7 @@ def _loss_grad_blocks(meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, sc
                       want_grad):
     # Only the prange lives here: in a parallel function numba turns array
     # expressions into parallel regions too, each one a thread-pool launch.
-    npar = G.shape[1] - 1
+    npar = p.shape[0]  # G's rows may be padded past the loss column
     for t in prange(nblk):
         gt = G[t]
         for k in range(npar + 1):
@@ -754,12 +755,15 @@ def train_steps(meta, p, data, bs, nsteps, loss, optimizer, step, hist, g, G, BU
     opt, hyper, m, v = optimizer
     n = XT.shape[1]
     nout = meta[-1, OUT]
+    # True, computed: a literal True would be a type of its own and compile loss_grad and
+    # everything below it a second time beside the copy `loss_and_grad` uses
+    want_grad = nsteps > 0
     for s in range(nsteps):
         lo = (s * bs) % n
         hi = min(lo + bs, n)
         scale = 1.0 / ((hi - lo) * (nout if code != LOGITCE else 1)) if mean else 1.0
         val = loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
-                        True)
+                        want_grad)
         share = 1.0 if mean else (hi - lo) / n
         val += penalty(meta, p, g, share * l1, share * l2)
         hist[s] = val

@@ -32,10 +32,12 @@ class _Buffers:
     def __init__(self, chain, dtype, nt):
         size = int(chain._kernels["chunk_size"](chain.meta))
         self.BUF = np.zeros((nt, size), dtype=dtype)
-        # One extra column carries each thread's loss. Rows padded apart so
-        # two threads never write one cache line; G is a view on that storage.
+        # One extra column (n_params) carries each thread's loss. Rows padded apart so
+        # two threads never write one cache line; the kernels get the whole padded array
+        # (a view of its first columns would be C-contiguous or not with the chain's size,
+        # and each layout compiles the kernels again).
         width = (chain.n_params + 1 + 15) // 16 * 16
-        self.G = np.zeros((nt, width), dtype=dtype)[:, :chain.n_params + 1]
+        self.G = np.zeros((nt, width), dtype=dtype)
         self.g = np.zeros(chain.n_params, dtype=dtype)
         self.nt = nt
 
