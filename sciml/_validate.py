@@ -46,7 +46,9 @@ def check_atol(atol, n):
                          f"state), got {atol!r}")
     if not np.all(np.isfinite(a)) or np.any(a <= 0):
         raise ValueError(f"`atol` must be finite and > 0, got {atol!r}")
-    return np.ascontiguousarray(np.broadcast_to(a, (n,)), dtype=np.float64)
+    # a copy, contiguous and writeable (a broadcast view is read-only: a type of its own
+    # to numba, which compiled every loop a second time for it)
+    return np.full(n, float(a)) if a.ndim == 0 else a
 
 
 def check_dt(solver, dt):

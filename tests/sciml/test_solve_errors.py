@@ -245,3 +245,16 @@ def test_settings_objects_name_the_bad_argument(make, message):
     # every settings object checks through sciml._validate: one wording everywhere
     with pytest.raises(ValueError, match=re.escape(message)):
         make()
+
+
+@pytest.mark.parametrize("atol", [[1e-8, 1e-9], (1e-8, 1e-9), np.array([1e-8, 1e-9]),
+                                  np.broadcast_to(np.array([1e-8]), (2,)), np.float64(1e-8)])
+def test_a_checked_atol_is_a_writeable_contiguous_copy(atol):
+    # A read-only atol (a broadcast view) is a numba type of its own: every loop it reaches
+    # would be compiled a second time (the lazy dense output of a solve passed one).
+    from sciml._validate import check_atol
+
+    a = check_atol(atol, 2)
+    assert a.dtype == np.float64 and a.shape == (2,)
+    assert a.flags.writeable and a.flags.c_contiguous
+    assert a is not atol
