@@ -40,6 +40,11 @@ IN, OUT, ACT, WOFF, BOFF = range(5)
 # gradient; past 512 the layer buffers no longer stay near L1.
 B = 512
 
+# _ONE_COPY: a flag passed as a literal True or False is a numba type of its own, so each
+# kernel below a call that spells one would be compiled again beside the copy that takes
+# a runtime bool (loss_and_grad's); the calls pass bool(True) / bool(False), a runtime
+# bool. (forward_layers of one sample keeps its literals: that copy is made for B = 1.)
+
 
 def jit(*a, **k):
     return _jit(*a, cache=_CACHE, **k)
@@ -349,7 +354,7 @@ def forward(meta, p, X, Y, buf):
         for b in range(nb):
             for i in range(nin):
                 buf[i * B + b] = X[r0 + b, i]
-        yo = forward_layers(meta, p, buf, nb, False)
+        yo = forward_layers(meta, p, buf, nb, bool(False))  # see _ONE_COPY
         for b in range(nb):
             for o in range(nout):
                 Y[r0 + b, o] = buf[yo + o * B + b]
@@ -367,11 +372,11 @@ def vjp(meta, p, X, V, Xbar, pbar, buf):
         for b in range(nb):
             for i in range(nin):
                 buf[i * B + b] = X[r0 + b, i]
-        forward_layers(meta, p, buf, nb, True)
+        forward_layers(meta, p, buf, nb, bool(True))  # see _ONE_COPY
         for b in range(nb):
             for o in range(nout):
                 buf[ga + o * B + b] = V[r0 + b, o]
-        gx = backward_layers(meta, p, pbar, buf, nb, True)
+        gx = backward_layers(meta, p, pbar, buf, nb, bool(True))  # see _ONE_COPY
         for b in range(nb):
             for i in range(nin):
                 Xbar[r0 + b, i] = buf[gx + i * B + b]
@@ -624,7 +629,7 @@ def loss_grad_rows(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, buf, w
         yo = forward_layers(meta, p, buf, nb, want_grad)
         total += _loss_and_seed(code, buf, yo, ga, gb, nb, nout, scale)
         if want_grad:
-            backward_layers(meta, p, g, buf, nb, False)
+            backward_layers(meta, p, g, buf, nb, bool(False))  # see _ONE_COPY
     return total
 
 
@@ -755,9 +760,7 @@ def train_steps(meta, p, data, bs, nsteps, loss, optimizer, step, hist, g, G, BU
     opt, hyper, m, v = optimizer
     n = XT.shape[1]
     nout = meta[-1, OUT]
-    # True, computed: a literal True would be a type of its own and compile loss_grad and
-    # everything below it a second time beside the copy `loss_and_grad` uses
-    want_grad = nsteps > 0
+    want_grad = bool(True)  # see _ONE_COPY
     for s in range(nsteps):
         lo = (s * bs) % n
         hi = min(lo + bs, n)
