@@ -354,7 +354,7 @@ def forward(meta, p, X, Y, buf):
         for b in range(nb):
             for i in range(nin):
                 buf[i * B + b] = X[r0 + b, i]
-        yo = forward_layers(meta, p, buf, nb, bool(False))  # see _ONE_COPY
+        yo = forward_layers(meta, p, buf, nb, bool(False))  # noqa: UP018 (see _ONE_COPY)
         for b in range(nb):
             for o in range(nout):
                 Y[r0 + b, o] = buf[yo + o * B + b]
@@ -372,11 +372,11 @@ def vjp(meta, p, X, V, Xbar, pbar, buf):
         for b in range(nb):
             for i in range(nin):
                 buf[i * B + b] = X[r0 + b, i]
-        forward_layers(meta, p, buf, nb, bool(True))  # see _ONE_COPY
+        forward_layers(meta, p, buf, nb, bool(True))  # noqa: UP018 (see _ONE_COPY)
         for b in range(nb):
             for o in range(nout):
                 buf[ga + o * B + b] = V[r0 + b, o]
-        gx = backward_layers(meta, p, pbar, buf, nb, bool(True))  # see _ONE_COPY
+        gx = backward_layers(meta, p, pbar, buf, nb, bool(True))  # noqa: UP018 (see _ONE_COPY)
         for b in range(nb):
             for i in range(nin):
                 Xbar[r0 + b, i] = buf[gx + i * B + b]
@@ -629,7 +629,7 @@ def loss_grad_rows(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, buf, w
         yo = forward_layers(meta, p, buf, nb, want_grad)
         total += _loss_and_seed(code, buf, yo, ga, gb, nb, nout, scale)
         if want_grad:
-            backward_layers(meta, p, g, buf, nb, bool(False))  # see _ONE_COPY
+            backward_layers(meta, p, g, buf, nb, bool(False))  # noqa: UP018 (see _ONE_COPY)
     return total
 
 
@@ -760,7 +760,7 @@ def train_steps(meta, p, data, bs, nsteps, loss, optimizer, step, hist, g, G, BU
     opt, hyper, m, v = optimizer
     n = XT.shape[1]
     nout = meta[-1, OUT]
-    want_grad = bool(True)  # see _ONE_COPY
+    want_grad = bool(True)  # noqa: UP018 (see _ONE_COPY)
     for s in range(nsteps):
         lo = (s * bs) % n
         hi = min(lo + bs, n)
