@@ -88,13 +88,51 @@ from .derivatives import (
 
 
 def gradient(s, eta):
-    """``(dOFV/dpsi (n_theta + n_sigma + n_w,), Gamma (n_eta, n_eta))`` of the subject ``s``
-    (`likelihood.Subject`, any method) at its estimate ``eta``: the population directions
-    thetas, residual sds, estimated network weights; ``dOFV = tr(Gamma dOmega)`` for
-    symmetric changes of Omega."""
+    """``(dOFV/dpsi (n_theta + n_sigma + n_w,), Gamma (n_eta, n_eta), start)`` of the
+    subject ``s`` (`likelihood.Subject`, any method) at its estimate ``eta``: the
+    population directions thetas, residual sds, estimated network weights;
+    ``dOFV = tr(Gamma dOmega)`` for symmetric changes of Omega; ``start`` the `EtaStart`
+    that predicts the estimate at other parameters (the estimate itself for FO)."""
     if s.method in ("fo", "foce"):
         return _linearised(s, s.local(eta))
     return _laplace_type(s, s.local(eta))
+
+
+class EtaStart:
+    """Where a subject's empirical Bayes estimate moves when the population parameters do:
+    to first order ``eta_hat + d eta_hat = eta_hat - K^-1 (dg/dpsi dpsi + 2 dOmega^-1
+    eta_hat)``, the implicit derivative of ``g(eta_hat, psi) = 0`` (module docstring; ``K``
+    the exact Hessian in eta, ``psi`` the thetas, sds and weights, ``dOmega^-1`` the change
+    of Omega's inverse). The next estimate starts there: the outer optimiser's steps and
+    the covariance step's differences then cost the estimates one or two iterations."""
+
+    def __init__(self, eta, psi, omega_inv, K=None, dg=None, H=None):
+        self.eta, self.psi, self.omega_inv = eta, psi, omega_inv
+        self.Kinv = np.linalg.inv(K) if K is not None else None
+        self.A = None if K is None else self.Kinv @ dg
+        # the residuals' curvature that scoring's Hessian 2 H leaves out (`Subject.ebe`)
+        self.curvature = None if K is None or H is None else K - 2.0 * H
+
+    @staticmethod
+    def psi_of(s):
+        """The population vector (thetas, sds, weights) of the subject ``s``."""
+        parts = [s.theta, [v for sd in s.sd for v in sd]]
+        if s.weights is not None:
+            parts.append(s.weights)
+        return np.concatenate([np.asarray(p, dtype=float) for p in parts])
+
+    def at(self, s):
+        """The predicted estimate at the parameters of the subject ``s`` (the last one when
+        the prediction is not finite)."""
+        if self.A is None:
+            return self.eta
+        psi = self.psi_of(s)
+        if psi.shape != self.psi.shape or self.eta.shape[0] != s.omega_inv.shape[0]:
+            return self.eta
+        d = self.A @ (psi - self.psi) + self.Kinv @ (2.0 * (s.omega_inv - self.omega_inv)
+                                                   @ self.eta)
+        out = self.eta - d
+        return out if np.all(np.isfinite(out)) else self.eta
 
 
 def _variances(s, f):
@@ -136,9 +174,10 @@ def _laplace_type(s, loc):
     L0, L1, L2, w = residual_jets(s.sf.y, loc.f, vt.R, vt.R1, vt.R2, s.cens)
     dr = Change(*_in_sigma(loc, (vt.Rs, vt.R1s, vt.R2s)))
     K = hessian(loc, L1.v, L2.v, Oi)
+    scoring = Oi + G.T @ (w.v[:, None] * G)  # `Subject.evaluate`'s H
     if s.method == "focei":
         d, e = w, None
-        H = Oi + G.T @ (w.v[:, None] * G)
+        H = scoring
     else:
         d, e = L2.scaled(0.5), L1.scaled(0.5)
         H = 0.5 * K
@@ -150,11 +189,11 @@ def _laplace_type(s, loc):
         tr, v = tr + t_pop, v + t_eta
     g = G.T @ L1.v + 2.0 * Oi @ eta
     u = np.linalg.solve(K, v + g)
-    d_pop = (L1.v @ loc.df + np.sum(L0.change(None, dr), axis=0) + tr
-             - u @ _implicit(loc, L1, dr))
+    dg = _implicit(loc, L1, dr)
+    d_pop = (L1.v @ loc.df + np.sum(L0.change(None, dr), axis=0) + tr - u @ dg)
     Oe = Oi @ eta
     gamma = Oi - np.outer(Oe, Oe) - Oi @ Hi @ Oi + _omega_implicit(Oi, eta, u)
-    return d_pop, gamma
+    return d_pop, gamma, EtaStart(eta, EtaStart.psi_of(s), Oi, K, dg, scoring)
 
 
 def _third_order(s, loc, e, A):
@@ -189,13 +228,17 @@ def _linearised(s, loc):
 
     d_pop = d_ofv(loc.df - np.einsum("jan,a->jn", loc.dG, eta), loc.dG, dR0)
     gamma = G.T @ P @ G
+    K = dg = scoring = None
     if s.method == "foce":
         _, L1, L2, _ = residual_jets(s.sf.y, loc.f, vt0.R, 0.0, 0.0)
         v = d_ofv(-np.einsum("jac,a->jc", loc.Gee, eta), loc.Gee)
-        u = np.linalg.solve(hessian(loc, L1.v, L2.v, Oi), v)
-        d_pop = d_pop - u @ _implicit(loc, L1, Change(dR0, None, None))
+        K = hessian(loc, L1.v, L2.v, Oi)
+        u = np.linalg.solve(K, v)
+        dg = _implicit(loc, L1, Change(dR0, None, None))
+        d_pop = d_pop - u @ dg
         gamma = gamma + _omega_implicit(Oi, eta, u)
-    return d_pop, gamma
+        scoring = Oi + G.T @ (G / vt0.R[:, None])  # `Subject.evaluate`'s H (R fixed at R0)
+    return d_pop, gamma, EtaStart(eta, EtaStart.psi_of(s), Oi, K, dg, scoring)
 
 
 def _population_prediction(s, loc):

@@ -26,7 +26,7 @@ from sciml.solvers.erk import Tsit5
 
 from . import bfgs
 from .errors import ErrorModel
-from .gradient import gradient
+from .gradient import EtaStart, gradient
 from .individual import Individual
 from .likelihood import METHODS, Subject
 from .predict import SubjectFit
@@ -302,40 +302,45 @@ class NLME:
             return list(pool.map(lambda a: fn(*a), pairs))
 
     def _objective(self, fits, x, method, etas, ebe_tol=None):
+        """``(objective, etas)`` at ``x``; each subject's estimate starts from its entry of
+        ``etas`` (an array, or an `EtaStart` of `_objective_and_gradient`)."""
         subject = self._subject(x, method, ebe_tol)
 
-        def one(sf, eta0):
+        def one(sf, start):
             try:
-                return subject(sf).objective(eta0)
+                subj = subject(sf)
+                return subj.objective(*_eta0(start, subj))
             except SolveFailed:  # parameters where this subject cannot be solved
-                return np.inf, eta0
+                return np.inf, _eta0(start, None)[0]
 
         out = self._each(one, fits, etas)
         return sum(v for v, _ in out), [eta for _, eta in out]
 
     def _objective_and_gradient(self, fits, x, etas, method):
-        """``(objective, etas, (dOFV/dpsi, Gamma))``: the exact gradient of ``method``
+        """``(objective, starts, (dOFV/dpsi, Gamma))``: the exact gradient of ``method``
         (`gradient.gradient`, summed over subjects) in the thetas, residual sds and
         estimated weights (in that order), and ``dOFV = tr(Gamma dOmega)``; no parts
-        (None) where the objective is not finite."""
+        (None) where the objective is not finite. ``starts``: each subject's `EtaStart`
+        (its estimate, ``.eta``, and where it moves with the parameters), what the next
+        call's ``etas`` should be."""
         subject = self._subject(x, method)
 
-        def one(sf, eta0):
+        def one(sf, start):
             try:
                 subj = subject(sf)
-                value, eta = subj.objective(eta0)
-                return (value, eta) + (gradient(subj, eta) if np.isfinite(value) else
-                                       (None, None))
+                value, eta = subj.objective(*_eta0(start, subj))
+                return (value,) + (gradient(subj, eta) if np.isfinite(value) else
+                                   (None, None, eta))
             except SolveFailed:  # parameters where this subject cannot be solved
-                return np.inf, eta0, None, None
+                return np.inf, None, None, start
 
         out = self._each(one, fits, etas)
         if not all(np.isfinite(v) for v, *_ in out):
             return np.inf, etas, None
         total, d_pop, gamma = 0.0, 0.0, 0.0
-        for value, _, dp, g in out:  # summed in the subjects' order, whatever the threads
+        for value, dp, g, _ in out:  # summed in the subjects' order, whatever the threads
             total, d_pop, gamma = total + value, d_pop + dp, gamma + g
-        return total, [eta for _, eta, *_ in out], (d_pop, gamma)
+        return total, [start for *_, start in out], (d_pop, gamma)
 
     def gradient_x(self, x, parts):
         """The gradient in the unconstrained vector ``x`` from `_objective_and_gradient`'s
@@ -682,6 +687,15 @@ class NLME:
                 raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
                                  f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
+
+
+def _eta0(start, subject):
+    """``(first eta, curvature)`` of a subject's estimate (`likelihood.Subject.ebe`):
+    ``start`` itself (an array), or an `EtaStart`'s prediction at the parameters of
+    ``subject`` (its estimate where ``subject`` is None) and its curvature."""
+    if isinstance(start, EtaStart):
+        return (start.eta if subject is None else start.at(subject)), start.curvature
+    return start, None
 
 
 def _first_order(stages, fun_and_grad, z):

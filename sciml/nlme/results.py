@@ -149,17 +149,17 @@ class NLMEFit:
         h = 1e-4 * np.maximum(np.abs(v0[free]), 0.1)
         H = np.full((n, n), np.nan)
 
-        def grad(v):
-            parts = pop._objective_and_gradient(fits, to_x(v), etas,
-                                                self.objective_method)[2]
-            return self._natural_gradient(parts)[free]
+        def grad(v, starts):
+            _, new, parts = pop._objective_and_gradient(fits, to_x(v), starts,
+                                                        self.objective_method)
+            return self._natural_gradient(parts)[free], new
 
         try:
-            g0 = grad(v0)
+            g0, starts = grad(v0, etas)  # the estimates' moves predicted from here
             for a in range(n):
                 e = np.zeros_like(v0)
                 e[free[a]] = h[a]
-                H[:, a] = (grad(v0 + e) - g0) / h[a]
+                H[:, a] = (grad(v0 + e, starts)[0] - g0) / h[a]
             H = 0.5 * (H + H.T)
         except (np.linalg.LinAlgError, TypeError):  # a step left the positive-definite cone
             pass

@@ -332,8 +332,8 @@ def test_subjects_on_threads_give_the_serial_result_bit_for_bit(method):
         pop = nl.NLME(THEO, _theo_individual, threads=threads, **kw)
         fits = pop.prepare(subjects)
         x = pop.pack(pop.theta0, [m for _, m in pop.blocks], pop.sigma0)
-        value, etas, parts = pop._objective_and_gradient(fits, x, [np.zeros(3)] * 12, method)
-        out.append((value, np.array(etas), pop.gradient_x(x, parts)))
+        value, starts, parts = pop._objective_and_gradient(fits, x, [np.zeros(3)] * 12, method)
+        out.append((value, np.array([s.eta for s in starts]), pop.gradient_x(x, parts)))
     assert out[0][0] == out[1][0]
     np.testing.assert_array_equal(out[0][1], out[1][1])
     np.testing.assert_array_equal(out[0][2], out[1][2])
