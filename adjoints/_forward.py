@@ -22,7 +22,14 @@ class SolveFailed(RuntimeError):
 
 @dataclass
 class Job:
-    """One gradient's setting: problem, parameters, solver, tolerances, observation times."""
+    """One gradient's setting: problem, parameters, solver, tolerances, observation times.
+
+    Public as ``adjoints.Job``: with `values` and `ForwardSensitivity.prepare` it is how
+    code that solves one problem many times (a population model's subjects) runs the
+    compiled loops without building a setting per solve. ``sched`` is
+    ``sciml.solvers.common.schedule(prob)``, ``atol`` an (n_states,) array, ``dt`` the
+    first step (None: estimated), ``obs_t`` the sorted times the states are saved at.
+    """
 
     prob: object
     p: np.ndarray
@@ -89,12 +96,13 @@ class State:
         return self
 
 
-def forward(job, dense, needs=()):
-    """The problem solved at the observation times (every step stored when ``dense``)."""
+def forward(job, dense, needs=(), u0=None):
+    """The problem solved at the observation times (every step stored when ``dense``), from
+    ``u0`` (default: the problem's initial state at ``job.p``)."""
     sys = job.system(*needs)
     tab = job.solver.engine_tableau()
     ctl = job.control()
-    z0 = job.prob.initial_state(job.p)
+    z0 = job.prob.initial_state(job.p) if u0 is None else np.array(u0, dtype=np.float64)
     stops = job.sched.stops
     if dense:
         cap = common.capacity(job.sched, job.max_steps, None if job.solver.adaptive else job.dt)
@@ -108,6 +116,9 @@ def forward(job, dense, needs=()):
     return State(rec.save_z, int(status), float(t_end), sys, tab, rec, n_steps, z)
 
 
-def values(job):
-    """States at the observation times (no per-step storage): what a loss alone needs."""
-    return forward(job, dense=False)
+def values(job, u0=None):
+    """The `State` at the observation times ``job.obs_t`` (``.u``: (T, n_states); no
+    per-step storage): what a loss alone needs. ``u0``: the state to start from (default:
+    the problem's initial state at ``job.p``). Public as ``adjoints.values``; call
+    ``.check()`` on the result to raise `SolveFailed` where the solve stopped early."""
+    return forward(job, dense=False, u0=u0)

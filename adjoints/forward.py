@@ -56,11 +56,19 @@ class ForwardSensitivity(SensitivityAlgorithm):
         return self.prepare(job, self.params)(job.p)
 
     def prepare(self, job, cols=None):
-        """``run(p) -> State``: the augmented solve of ``job`` at parameters ``p``, with its
-        system, control and tableau built once (for many solves of one problem, such as a
-        subject's empirical Bayes iterations). ``cols``: the parameters (indices) whose
-        sensitivities are integrated (default all): ``State.S`` is then (T, n, len(cols)),
-        and the cost follows len(cols), not the model's parameter count."""
+        """``run(p, u0=None, s0=None) -> State``: the augmented solve of ``job`` at
+        parameters ``p``, with its system, control and tableau built once (for many solves
+        of one problem, such as a subject's empirical Bayes iterations). ``cols``: the
+        parameters (indices) whose sensitivities are integrated (default all): ``State.S``
+        is then (T, n, len(cols)), and the cost follows len(cols), not the model's
+        parameter count. A parameter may be listed more than once: each column is
+        integrated from its own start.
+
+        ``u0`` (n,) and ``s0`` (n, len(cols)) start the solve from a given state and given
+        sensitivities instead of the problem's ``u0`` and ``du0/dp`` (one piece of a solve
+        made of pieces: the columns then carry what the earlier pieces handed on; a column
+        whose forcing ``df/dp`` belongs to no parameter of this piece is the difference of
+        two columns of one parameter started apart, since S is linear in its start)."""
         n, n_all = job.n, job.n_params
         cols = np.arange(n_all, dtype=np.int64) if cols is None else \
             np.array(cols, dtype=np.int64).ravel()
@@ -83,11 +91,12 @@ class ForwardSensitivity(SensitivityAlgorithm):
         loop, tab = job.solver._loop(), job.solver.engine_tableau()
         T = job.obs_t.shape[0]
 
-        def run(p):
+        def run(p, u0=None, s0=None):
             p_buf[:] = p
             z = np.empty(nz)
-            z[:n] = job.prob.initial_state(p_buf)
-            z[n:] = _initial_sensitivities(job, p_buf)[:, cols].ravel()
+            z[:n] = job.prob.initial_state(p_buf) if u0 is None else u0
+            z[n:] = (_initial_sensitivities(job, p_buf)[:, cols] if s0 is None else
+                     np.asarray(s0, dtype=np.float64).reshape(n, npar)).ravel()
             rec = record(nz, job.obs_t)
             status, t_end = loop(sys, tab, ctl, job.sched.stops, z, rec)
             if status != 0:

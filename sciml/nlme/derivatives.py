@@ -159,13 +159,14 @@ def variance_terms(errors, sds, err_index, f):
 
 
 def _sensitivities(s, phi):
-    """``df/dp`` (m, n_params) in every model parameter at individual parameters ``phi``."""
+    """``df/dQ`` (m, n_q) in the subject's columns (`predict`: the stacked individual
+    parameters, then the estimated weights) at individual parameters ``phi``."""
     return s.sf.predict(phi, True, s.weights, s.weight_index, full=True)[1]
 
 
 def _second_order(s, phi):
-    """``d2f/dphi dp`` (m, k, n_params): central differences over the k individual
-    parameters of the sensitivities to every model parameter."""
+    """``d2f/dphi dQ`` (m, n_phi, n_q): central differences over the individual parameters
+    of the sensitivities in the subject's columns."""
     out = []
     for ell in range(phi.shape[0]):
         d = np.zeros_like(phi)
@@ -177,37 +178,45 @@ def _second_order(s, phi):
 class Local:
     """A subject's predictions at one ``eta`` and their derivatives.
 
-    First order: ``f`` (m,), ``Fp = df/dp`` (m, n_params), ``F = df/dphi`` (m, k),
+    The individual parameters are the subject's stacked ``Phi`` (`predict`: k per piece
+    of its record, n_phi in all); the derivatives are in the subject's columns
+    ``Q = (Phi, w)`` (the estimated network weights w last), ``phi_cols`` and
+    ``w_cols`` the two slices.
+
+    First order: ``f`` (m,), ``Fp = df/dQ`` (m, n_q), ``F = df/dPhi`` (m, n_phi),
     ``G = df/deta`` (m, n_eta), ``df`` (m, n_pop): ``df/dpsi`` in the population
     directions (thetas, residual sds, estimated weights; zero for the sds); the
-    individual function's ``phi``, ``pe = dphi/deta``, ``pt = dphi/dtheta``. With
-    ``second``: ``F2p = d2f/dphi dp`` (m, k, n_params), ``F2`` its symmetric phi block,
-    ``pee``, ``pet`` (``d2phi/deta2``, ``d2phi/deta dtheta``), ``Gee = d2f/deta2``
+    individual function's ``phi``, ``pe = dPhi/deta``, ``pt = dPhi/dtheta``. With
+    ``second``: ``F2p = d2f/dPhi dQ`` (m, n_phi, n_q), ``F2`` its symmetric Phi block,
+    ``pee``, ``pet`` (``d2Phi/deta2``, ``d2Phi/deta dtheta``), ``Gee = d2f/deta2``
     (m, n_eta, n_eta) and ``dG = dG/dpsi`` (m, n_eta, n_pop).
     """
 
     def __init__(self, s, eta, second=True):
-        ind, sf = s.sf.individual, s.sf
+        sf = s.sf
+        ind = sf.ind
         self.eta = eta
-        self.phi, self.pe, self.pt = ind.derivatives(s.theta, eta, sf.cov)
+        self.phi, self.pe, self.pt = ind.derivatives(s.theta, eta)
         self.f, self.Fp = sf.predict(self.phi, True, s.weights, s.weight_index, full=True)
-        self.wi = s.weight_index if s.weights is not None else np.zeros(0, dtype=np.int64)
+        n_phi = self.phi.shape[0]
+        self.phi_cols = slice(0, n_phi)
+        self.w_cols = slice(n_phi, self.Fp.shape[1])
         self.n_sigma = sum(len(sd) for sd in s.sd)
-        self.F = self.Fp[:, ind.index]
+        self.F = self.Fp[:, self.phi_cols]
         self.G = self.F @ self.pe
-        self.df = self.population(self.F @ self.pt, self.Fp[:, self.wi])
+        self.df = self.population(self.F @ self.pt, self.Fp[:, self.w_cols])
         if not second:
             return
-        self.pee, self.pet = ind.second_derivatives(s.theta, eta, sf.cov)
+        self.pee, self.pet = ind.second_derivatives(s.theta, eta)
         self.F2p = _second_order(s, self.phi)
-        F2 = self.F2p[:, :, ind.index]
+        F2 = self.F2p[:, :, self.phi_cols]
         self.F2 = F2 = 0.5 * (F2 + F2.transpose(0, 2, 1))
         pe = self.pe
         self.Gee = np.einsum("jkl,ka,lc->jac", F2, pe, pe) + np.einsum("jk,kac->jac", self.F,
                                                                          self.pee)
         Get = np.einsum("jkl,ka,lb->jab", F2, pe, self.pt) + np.einsum("jk,kab->jab", self.F,
                                                                          self.pet)
-        Gw = np.einsum("jkw,ka->jaw", self.F2p[:, :, self.wi], pe)
+        Gw = np.einsum("jkw,ka->jaw", self.F2p[:, :, self.w_cols], pe)
         self.dG = self.population(Get, Gw)
 
     def population(self, theta_part, weight_part, sigma_part=None):
@@ -226,7 +235,7 @@ def hessian(loc, L1, L2, omega_inv):
 
 
 def curvatures(s, loc, V):
-    """``d2/dh2 df/dp (phi + h V_c)`` (m, n_dirs, n_params) for the columns ``V_c`` of V:
+    """``d2/dh2 df/dQ (phi + h V_c)`` (m, n_dirs, n_q) for the columns ``V_c`` of V:
     central second differences, the largest relative change of phi `_FD_CURV`."""
     scale = np.maximum(np.abs(loc.phi), 1e-3)
     out = []
@@ -238,13 +247,13 @@ def curvatures(s, loc, V):
 
 
 def individual_third(s, loc, A):
-    """``(dN/dtheta (k, n_theta), dN/deta (k, n_eta))`` of ``N_k = sum_ac A_ac
+    """``(dN/dtheta (n_phi, n_theta), dN/deta (n_phi, n_eta))`` of ``N_k = sum_ac A_ac
     d2phi_k/deta_a deta_c`` at fixed A: central differences of the individual function's
     exact second derivatives (smooth closed forms: accurate to about 1e-10)."""
-    ind, cov = s.sf.individual, s.sf.cov
+    ind = s.sf.ind
 
     def N(theta, eta):
-        return np.einsum("kac,ac->k", ind.second_derivatives(theta, eta, cov)[0], A)
+        return np.einsum("kac,ac->k", ind.second_derivatives(theta, eta)[0], A)
 
     def columns(x, point):
         out = np.zeros((loc.phi.shape[0], x.shape[0]))

@@ -141,7 +141,8 @@ def _variances(s, f):
 
 def _in_sigma(loc, parts):
     """Per-sd arrays (m, n_sigma) placed in the population directions (zero elsewhere)."""
-    m, nt, nw = loc.f.shape[0], loc.pt.shape[1], loc.wi.shape[0]
+    m, nt = loc.f.shape[0], loc.pt.shape[1]
+    nw = loc.w_cols.stop - loc.w_cols.start
     return [loc.population(np.zeros((m, nt)), np.zeros((m, nw)), p) for p in parts]
 
 
@@ -199,17 +200,17 @@ def _laplace_type(s, loc):
 def _third_order(s, loc, e, A):
     """``T3``: the change of ``sum_j e_j tr(A Gee_j)`` at fixed e and A, in the population
     directions (n_pop,) and in eta (n_eta,) (see the module docstring)."""
-    idx = s.sf.individual.index
+    idx = loc.phi_cols
     lam, vec = np.linalg.eigh(A)
-    D = curvatures(s, loc, loc.pe @ vec)                    # (m, n_eta, n_params)
+    D = curvatures(s, loc, loc.pe @ vec)                    # (m, n_eta, n_q)
     N = np.einsum("kac,ac->k", loc.pee, A)
     tau = np.einsum("j,jcp,c->p", e, D, lam) + np.einsum("j,jkp,k->p", e, loc.F2p, N)
-    YpA = 2.0 * np.einsum("j,jkl->kl", e, loc.F2) @ loc.pe @ A  # (k, n_eta)
+    YpA = 2.0 * np.einsum("j,jkl->kl", e, loc.F2) @ loc.pe @ A  # (n_phi, n_eta)
     eF = e @ loc.F
     dN_theta, dN_eta = individual_third(s, loc, A)
     t_theta = tau[idx] @ loc.pt + np.einsum("ka,kab->b", YpA, loc.pet) + eF @ dN_theta
     t_eta = tau[idx] @ loc.pe + np.einsum("ka,kac->c", YpA, loc.pee) + eF @ dN_eta
-    return loc.population(t_theta, tau[loc.wi]), t_eta
+    return loc.population(t_theta, tau[loc.w_cols]), t_eta
 
 
 def _linearised(s, loc):

@@ -35,7 +35,7 @@ For additive errors FOCE and FOCE-I are the same objective.
 
 import numpy as np
 
-from adjoints._forward import SolveFailed
+from adjoints import SolveFailed
 
 from .derivatives import Local, hessian, residual_jets, variance_terms
 
@@ -65,8 +65,10 @@ class Subject:
         self._local = None
 
     def _predict(self, eta, sens=True):
-        ind = self.sf.individual
-        phi, dphi_de, _ = ind.derivatives(self.theta, eta, self.sf.cov)
+        if sens:
+            phi, dphi_de, _ = self.sf.ind.derivatives(self.theta, eta)
+        else:
+            phi = self.sf.ind.values(self.theta, eta)
         f, F = self.sf.predict(phi, sens, self.weights, self.weight_index)
         return f, (F @ dphi_de if sens else None)
 

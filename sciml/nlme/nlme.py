@@ -20,14 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy import optimize
 
-from adjoints._forward import SolveFailed
+from adjoints import SolveFailed
 from sciml._validate import positive_number
 from sciml.solvers.erk import Tsit5
 
 from . import bfgs
 from .errors import ErrorModel
 from .gradient import EtaStart, gradient
-from .individual import Individual
+from .individual import Effects, Individual
 from .likelihood import METHODS, Subject
 from .predict import SubjectFit
 from .results import NLMEFit
@@ -35,31 +35,32 @@ from .results import NLMEFit
 __all__ = ["NLME"]
 
 
-def _omega_blocks(omega):
-    """``[(names, matrix)]`` from ``{name: variance, (name, ...): matrix}``, checked."""
+def _omega_blocks(omega, what="omega"):
+    """``[(names, matrix)]`` from ``{name: variance, (name, ...): matrix}``, checked (``what``:
+    the argument's name in messages)."""
     if not isinstance(omega, dict) or not omega:
-        raise TypeError("NLME: `omega` must be a non-empty dict {eta name: variance} (or "
+        raise TypeError(f"NLME: `{what}` must be a non-empty dict {{eta name: variance}} (or "
                         "{(eta names): covariance matrix} for a block)")
     blocks, seen = [], set()
     for key, value in omega.items():
         names = (key,) if isinstance(key, str) else tuple(key)
         if not names or not all(isinstance(n, str) and n.isidentifier() for n in names):
-            raise ValueError(f"NLME: `omega` key {key!r} must be an eta name or a tuple of them")
+            raise ValueError(f"NLME: `{what}` key {key!r} must be an eta name or a tuple of them")
         dup = seen.intersection(names)
         if dup:
-            raise ValueError(f"NLME: `omega` names eta {sorted(dup)[0]!r} twice")
+            raise ValueError(f"NLME: `{what}` names eta {sorted(dup)[0]!r} twice")
         seen.update(names)
         try:
             m = np.array(value, dtype=float).reshape(len(names), len(names))
         except (TypeError, ValueError):
-            raise ValueError(f"NLME: `omega[{key!r}]` must be a variance (one eta) or a "
+            raise ValueError(f"NLME: `{what}[{key!r}]` must be a variance (one eta) or a "
                              f"{len(names)}x{len(names)} covariance matrix, got {value!r}") \
                 from None
         if not np.all(np.isfinite(m)) or not np.allclose(m, m.T, rtol=0, atol=1e-14):
-            raise ValueError(f"NLME: `omega[{key!r}]` must be finite and symmetric, got "
+            raise ValueError(f"NLME: `{what}[{key!r}]` must be finite and symmetric, got "
                              f"{m.tolist()}")
         if np.min(np.linalg.eigvalsh(m)) <= 0:
-            raise ValueError(f"NLME: `omega[{key!r}]` is not positive definite (eigenvalues "
+            raise ValueError(f"NLME: `{what}[{key!r}]` is not positive definite (eigenvalues "
                              f"{np.round(np.linalg.eigvalsh(m), 6).tolist()}); variances must "
                              "be > 0 and correlations inside (-1, 1)")
         blocks.append((names, m))
@@ -99,6 +100,18 @@ class NLME:
     threads : int, optional
         Subjects are evaluated on this many threads (default: the machine's cores); the
         sums are taken in the subjects' order, so results do not depend on it.
+    iov : dict, optional
+        Inter-occasion variability: ``{eta: variance}`` (or ``{(eta1, eta2): matrix}``),
+        as `omega`. Each subject gets, in each of its occasions, random effects of these
+        names with this covariance, independent between occasions (NONMEM's ``SAME``
+        blocks); in occasion o the individual function's ``eta.NAME`` is the subject's
+        between-subject ``eta.NAME`` (if `omega` has one) plus the occasion's. The
+        between-occasion variances are estimated with the rest (``fit.iov``).
+    occasion : str
+        The occasion column of the subjects (default ``"OCC"``): a covariate that is a
+        step function of time, as ``read_events(..., occasion="OCC")`` reads it (a subject
+        with a constant value has one occasion). Occasions of a subject are numbered in
+        the order they start; each is one stretch of its record.
 
     Examples
     --------
@@ -111,7 +124,7 @@ class NLME:
     """
 
     def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12,
-                 threads=None):
+                 threads=None, iov=None, occasion=None):
         if not isinstance(theta, dict) or not theta:
             raise TypeError("NLME: `theta` must be a non-empty dict {name: initial value}")
         self.model = model
@@ -119,6 +132,18 @@ class NLME:
         self.theta0 = np.array([_number(v, f"theta[{k!r}]") for k, v in theta.items()])
         self.blocks = _omega_blocks(omega)
         self.eta_names = tuple(n for names, _ in self.blocks for n in names)
+        if iov is None and occasion is not None:
+            raise ValueError("NLME: `occasion` names the occasion column of `iov`; give iov="
+                             "{eta: variance} as well")
+        self.iov_blocks = [] if iov is None else _omega_blocks(iov, "iov")
+        self.iov_names = tuple(n for names, _ in self.iov_blocks for n in names)
+        if occasion is not None and not isinstance(occasion, str):
+            raise TypeError(f"NLME: `occasion` must be a column name, got {occasion!r}")
+        self.occasion = (occasion or "OCC") if iov is not None else None
+        # the eta names the individual function reads: between-subject, then occasion-only
+        traced = self.eta_names + tuple(n for n in self.iov_names if n not in self.eta_names)
+        self.effects = None if iov is None else Effects(traced, self.eta_names,
+                                                        self.iov_names, self.occasion)
         if not isinstance(error, dict) or not error:
             raise TypeError("NLME: `error` must be a dict {observable: sciml.nlme.Additive(sd)"
                             ", ...}")
@@ -150,8 +175,7 @@ class NLME:
         self.theta0 = np.concatenate([self.theta0] + w_own)
         self.theta_labels = self.theta_names + tuple(
             f"{n}[{i}]" for n, c in chains.items() for i in range(c.n_params))
-        self.individual = Individual(individual, model, self.theta_names, self.eta_names,
-                                     chains)
+        self.individual = Individual(individual, model, self.theta_names, traced, chains)
         self.net_slices, self.w0, self.weight_index = _nets(model, nets)
         self.net_names = tuple(self.net_slices)
         self.ebe_tol = _number(ebe_tol, "ebe_tol")
@@ -164,17 +188,25 @@ class NLME:
     # ---------------------------------------------------------------- parameters
 
     def _omega_matrix(self, blocks):
+        """Omega (n_eta, n_eta) from `unpack`'s blocks (the IOV ones left out)."""
         k = len(self.eta_names)
         om = np.zeros((k, k))
         o = 0
-        for m in blocks:
+        for m in blocks[:len(self.blocks)]:
             b = m.shape[0]
             om[o:o + b, o:o + b] = m
             o += b
         return om
 
+    @property
+    def packed_blocks(self):
+        """``[(names, matrix)]`` of every covariance the optimiser's vector holds: Omega's
+        blocks, then the between-occasion (`iov`) blocks."""
+        return self.blocks + self.iov_blocks
+
     def pack(self, theta, blocks, sigma, weights=None):
-        """The unconstrained vector of (theta, omega blocks, sigma, network weights)."""
+        """The unconstrained vector of (theta, covariance blocks (`packed_blocks`: Omega's,
+        then the occasions'), sigma, network weights)."""
         parts = [np.asarray(theta, dtype=float)]
         for m in blocks:
             L = np.linalg.cholesky(m)
@@ -186,11 +218,12 @@ class NLME:
         return np.concatenate(parts)
 
     def unpack(self, x):
-        """``(theta, omega blocks, sigma)`` of an unconstrained vector."""
+        """``(theta, covariance blocks (`packed_blocks`), sigma)`` of an unconstrained
+        vector."""
         nt = self.theta0.shape[0]
         theta, o = x[:nt], nt
         blocks = []
-        for names, _ in self.blocks:
+        for names, _ in self.packed_blocks:
             b = len(names)
             L = np.diag(np.exp(x[o:o + b]))
             o += b
@@ -199,6 +232,31 @@ class NLME:
             o += nl
             blocks.append(L @ L.T)
         return theta, blocks, np.exp(x[o:o + len(self.sigma_names)])
+
+    def _iov_matrix(self, blocks):
+        """The between-occasion covariance Pi (n_iov, n_iov) from `unpack`'s blocks (None
+        without occasions)."""
+        if not self.iov_blocks:
+            return None
+        k = len(self.iov_names)
+        pi = np.zeros((k, k))
+        o = 0
+        for m in blocks[len(self.blocks):]:
+            b = m.shape[0]
+            pi[o:o + b, o:o + b] = m
+            o += b
+        return pi
+
+    def subject_omega(self, omega, pi, n_occ):
+        """A subject's prior covariance of its random effects ``(eta, kappa_1, ...,
+        kappa_O)``: ``blockdiag(Omega, Pi, ..., Pi)``."""
+        if pi is None:
+            return omega
+        return _block_diag([omega] + [pi] * n_occ)
+
+    def n_random(self, sf):
+        """The random effects of the subject ``sf`` (`predict.SubjectFit`)."""
+        return len(self.eta_names) + sf.n_occ * len(self.iov_names)
 
     def weights(self, x):
         """The estimated network weights in ``x`` (None when no network is estimated)."""
@@ -249,7 +307,7 @@ class NLME:
             if not subjects:
                 raise ValueError("NLME: no subject has observations")
         fits = [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
-                           max_steps) for s in subjects]
+                           max_steps, self.effects) for s in subjects]
         limits = self._limits(lloq)
         if limits is not None:
             for sf in fits:
@@ -285,11 +343,11 @@ class NLME:
     def _subject(self, x, method, ebe_tol=None):
         """``sf -> likelihood.Subject``: a subject's objective at the parameters ``x``."""
         theta, blocks, sigma = self.unpack(x)
-        omega = self._omega_matrix(blocks)
+        omega, pi = self._omega_matrix(blocks), self._iov_matrix(blocks)
         sds = self._sd_per_error(sigma)
         w = self.weights(x)
-        return lambda sf: Subject(sf, self.errors, theta, omega, sds, method,
-                                  ebe_tol or self.ebe_tol, w, self.weight_index)
+        return lambda sf: Subject(sf, self.errors, theta, self.subject_omega(omega, pi, sf.n_occ),
+                                  sds, method, ebe_tol or self.ebe_tol, w, self.weight_index)
 
     def _each(self, fn, fits, etas):
         """``[fn(subject fit, eta0)]`` in the subjects' order, on ``threads`` threads: the
@@ -337,23 +395,39 @@ class NLME:
         out = self._each(one, fits, etas)
         if not all(np.isfinite(v) for v, *_ in out):
             return np.inf, etas, None
-        total, d_pop, gamma = 0.0, 0.0, 0.0
-        for value, dp, g, _ in out:  # summed in the subjects' order, whatever the threads
-            total, d_pop, gamma = total + value, d_pop + dp, gamma + g
-        return total, [start for *_, start in out], (d_pop, gamma)
+        total, d_pop, gamma, gamma_iov = 0.0, 0.0, 0.0, 0.0
+        for (value, dp, g, _), sf in zip(out, fits):  # in the subjects' order, whatever the
+            total, d_pop = total + value, d_pop + dp   # threads
+            g_bsv, g_iov = self._split_gamma(g, sf.n_occ)
+            gamma, gamma_iov = gamma + g_bsv, gamma_iov + g_iov
+        return total, [start for *_, start in out], (d_pop, gamma, gamma_iov)
+
+    def _split_gamma(self, gamma, n_occ):
+        """A subject's ``Gamma`` (its random effects) as ``(Gamma of Omega, Gamma of Pi)``:
+        ``tr(Gamma dOmega_i) = tr(G_bsv dOmega) + sum_o tr(G_oo dPi)``."""
+        ne, ni = len(self.eta_names), len(self.iov_names)
+        g_iov = 0.0
+        for o in range(n_occ if ni else 0):
+            a = ne + o * ni
+            g_iov = g_iov + gamma[a:a + ni, a:a + ni]
+        return gamma[:ne, :ne], g_iov
 
     def gradient_x(self, x, parts):
         """The gradient in the unconstrained vector ``x`` from `_objective_and_gradient`'s
         parts (chain rule through the Cholesky factors and the log sds)."""
-        d_pop, gamma = parts
+        d_pop, gamma, gamma_iov = parts
         _, blocks, sigma = self.unpack(x)
         nt, ns = self.theta0.shape[0], sigma.shape[0]
         out = [d_pop[:nt]]
         o = 0
-        for (names, _), om in zip(self.blocks, blocks):
+        nb = len(self.blocks)
+        for i, ((names, _), om) in enumerate(zip(self.packed_blocks, blocks)):
+            if i == nb:
+                o = 0
+            g = gamma if i < nb else gamma_iov
             b = len(names)
             L = np.linalg.cholesky(om)
-            dL = 2.0 * gamma[o:o + b, o:o + b] @ L
+            dL = 2.0 * g[o:o + b, o:o + b] @ L
             out.append(np.diag(dL) * np.diag(L))
             out.append(dL[np.tril_indices(b, -1)])
             o += b
@@ -362,23 +436,24 @@ class NLME:
         return np.concatenate(out)
 
     def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei",
-                  nets=None, **solve):
+                  nets=None, iov=None, **solve):
         """The objective (-2 log-likelihood, no ``n log 2 pi``) at fixed values.
 
-        ``theta``, ``sigma`` : dicts (or sequences in the model's order); ``omega`` : a
-        dict as in the constructor, or the full (n_eta, n_eta) matrix (its blocks are
-        read); ``nets`` : estimated networks' weights by name; each defaults to the
-        initial values. For subjects left out of a fit, the objective at the fit's
+        ``theta``, ``sigma`` : dicts (or sequences in the model's order); ``omega``, ``iov``
+        : dicts as in the constructor, or full matrices (their blocks are read); ``nets``
+        : estimated networks' weights by name; each defaults to the initial values. For subjects left out of a fit, the objective at the fit's
         estimates is their marginal likelihood (`NLMEFit.objective_on`).
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)
-        x = self._given(theta, omega, sigma, nets)
-        k = len(self.eta_names)
-        return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
+        x = self._given(theta, omega, sigma, nets, iov)
+        return self._objective(fits, x, method, self._zero_etas(fits))[0]
+
+    def _zero_etas(self, fits):
+        return [np.zeros(self.n_random(sf)) for sf in fits]
 
     def simulate(self, subjects, theta=None, omega=None, sigma=None, n=100, seed=0, *,
-                 nets=None, **solve):
+                 nets=None, iov=None, **solve):
         """Simulate ``n`` replicates of a study from its design, at given parameters (no
         fit needed): new random effects from ``N(0, omega)`` per subject and replicate, new
         residuals from the error models (`simulate.replicates`).
@@ -422,11 +497,11 @@ class NLME:
                 seed, (int, np.integer)) or seed < 0):
             raise ValueError(f"NLME.simulate: `seed` must be an int >= 0 (or None), got "
                              f"{seed!r}")
-        x = self._given(theta, omega, sigma, nets)
+        x = self._given(theta, omega, sigma, nets, iov)
         fits = self.prepare(subjects, **solve)
         return table(self, fits, replicates(self, fits, x, int(n), seed))
 
-    def _given(self, theta, omega, sigma, nets):
+    def _given(self, theta, omega, sigma, nets, iov=None):
         """The unconstrained vector of given values (`objective`'s arguments)."""
         nt = len(self.theta_names)
         th, w = self._with_nets(nets, np.concatenate([
@@ -437,7 +512,11 @@ class NLME:
             bad = self.sigma_names[int(np.argmax(sd <= 0))]
             raise ValueError(f"NLME: `sigma[{bad!r}]` must be a standard deviation > 0, got "
                              f"{sd[self.sigma_names.index(bad)]!r}")
-        return self.pack(th, self._blocks_of(omega), sd, w)
+        if iov is not None and not self.iov_blocks:
+            raise ValueError("NLME: `iov` given, but the model has no occasions (NLME(iov=))")
+        blocks = self._blocks_of(omega) + (
+            self._blocks_of(iov, self.iov_blocks, "iov") if self.iov_blocks else [])
+        return self.pack(th, blocks, sd, w)
 
     @staticmethod
     def _vector(values, names, defaults, kind):
@@ -487,31 +566,36 @@ class NLME:
             target[sl] = v
         return theta, w
 
-    def _blocks_of(self, omega):
+    def _blocks_of(self, omega, model_blocks=None, what="omega"):
+        """The covariance blocks of a given ``omega`` (or ``iov``, with ``model_blocks``
+        `iov_blocks`): a dict as in the constructor or the full matrix; the model's own
+        where None."""
+        model_blocks = self.blocks if model_blocks is None else model_blocks
+        names_all = [n for names, _ in model_blocks for n in names]
         if omega is None:
-            return [m for _, m in self.blocks]
+            return [m for _, m in model_blocks]
         if not isinstance(omega, dict):
             try:
                 omega = np.array(omega, dtype=float)
             except (TypeError, ValueError):
-                raise TypeError(f"NLME: `omega` must be a dict as in the constructor or an "
-                                f"(n_eta, n_eta) matrix, got {omega!r}") from None
+                raise TypeError(f"NLME: `{what}` must be a dict as in the constructor or an "
+                                f"(n, n) matrix, got {omega!r}") from None
         if isinstance(omega, np.ndarray):
-            k = len(self.eta_names)
+            k = len(names_all)
             if omega.shape != (k, k):
-                raise ValueError(f"NLME: `omega` as a matrix must be ({k}, {k}) for etas "
-                                 f"{', '.join(self.eta_names)}, got shape {omega.shape}")
+                raise ValueError(f"NLME: `{what}` as a matrix must be ({k}, {k}) for etas "
+                                 f"{', '.join(names_all)}, got shape {omega.shape}")
             out, o = [], 0
-            for names, _ in self.blocks:
+            for names, _ in model_blocks:
                 b = len(names)
                 out.append(np.array(omega[o:o + b, o:o + b], dtype=float))
                 o += b
             omega = {names if len(names) > 1 else names[0]: m
-                     for (names, _), m in zip(self.blocks, out)}
-        given = _omega_blocks(omega)
-        if [n for n, _ in given] != [n for n, _ in self.blocks]:
-            raise ValueError(f"NLME: `omega` must have the model's blocks "
-                             f"{[n for n, _ in self.blocks]}, got {[n for n, _ in given]}")
+                     for (names, _), m in zip(model_blocks, out)}
+        given = _omega_blocks(omega, what)
+        if [n for n, _ in given] != [n for n, _ in model_blocks]:
+            raise ValueError(f"NLME: `{what}` must have the model's blocks "
+                             f"{[n for n, _ in model_blocks]}, got {[n for n, _ in given]}")
         return [m for _, m in given]
 
     # ---------------------------------------------------------------- estimation
@@ -569,8 +653,7 @@ class NLME:
         fits = self.prepare(subjects, **solve)
         x0 = self._start(start)
         free = self._free(fixed)
-        k = len(self.eta_names)
-        etas = [np.zeros(k) for _ in fits]
+        etas = self._zero_etas(fits)
         if settings is not None:
             return self._fit_saem(fits, settings, x0, free, etas, max_iter, covariance,
                                   stages)
@@ -608,6 +691,9 @@ class NLME:
             raise ValueError(f"NLME.fit: method='saem' does not take observations below the "
                              f"LLOQ yet (subject {censored[0]!r} has some); use 'focei' or "
                              "'laplace'")
+        if self.iov_blocks:
+            raise ValueError("NLME.fit: method='saem' does not take occasions (iov=) yet; use "
+                             "'focei', 'foce' or 'laplace'")
 
         if max_iter == 0:
             x, trace = x0, None
@@ -629,7 +715,7 @@ class NLME:
         return fit
 
     def _start(self, start):
-        x0 = self.pack(self.theta0, [m for _, m in self.blocks], self.sigma0)
+        x0 = self.pack(self.theta0, [m for _, m in self.packed_blocks], self.sigma0)
         if start is None:
             return x0
         x = np.array(start, dtype=float).ravel()
@@ -668,7 +754,7 @@ class NLME:
     def _free(self, fixed):
         fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
         nt = self.theta0.shape[0]
-        n_om = sum(len(n) * (len(n) + 1) // 2 for n, _ in self.blocks)
+        n_om = sum(len(n) * (len(n) + 1) // 2 for n, _ in self.packed_blocks)
         ns = len(self.sigma_names)
         mask = np.ones(nt + n_om + ns + self.w0.shape[0], dtype=bool)
         for name in fixed:
@@ -696,6 +782,17 @@ def _eta0(start, subject):
     if isinstance(start, EtaStart):
         return (start.eta if subject is None else start.at(subject)), start.curvature
     return start, None
+
+
+def _block_diag(mats):
+    n = sum(m.shape[0] for m in mats)
+    out = np.zeros((n, n))
+    o = 0
+    for m in mats:
+        b = m.shape[0]
+        out[o:o + b, o:o + b] = m
+        o += b
+    return out
 
 
 def _first_order(stages, fun_and_grad, z):
