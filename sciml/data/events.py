@@ -21,6 +21,7 @@ MDV         1 = not an observation (optional)
 II, ADDL    interdose interval and number of additional doses (optional)
 SS          steady state: only 0 is supported (optional)
 DVID        which output an observation measures (optional)
+OCC         occasion (optional): a step function of time (`occasion`)
 others      covariates (or only those named by ``covariates=``)
 ==========  ==============================================================
 
@@ -408,7 +409,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
                 tspan=None, u0=None, *, id_col="ID", time_col="TIME", dv_col="DV",
                 obs_col=None, duplicates="keep", time_varying="first", reset="error",
                 covariate_params=None, interpolation="locf", censored=None, lloq=None,
-                limit=None):
+                limit=None, occasion=None):
     """Read an event table into one `Subject` (problem, data, covariates) per subject.
 
     Parameters
@@ -499,6 +500,13 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         lower end of a censored value's interval. Missing or ``-inf`` is the M3
         likelihood's ``(-inf, LLOQ)``; a finite lower end (M3 on an interval)
         is refused for now.
+    occasion : str or False, optional
+        The occasion column (default: an ``OCC`` column when there is one; False
+        reads it as an ordinary covariate). Its value is a step function of time
+        whatever `time_varying` says, always last observation carried forward (an
+        occasion starts at its first record): in `Subject.covariate_series` when
+        it changes within a subject, its value at the start in
+        `Subject.covariates`. `sciml.nlme.NLME(iov=, occasion=)` reads it.
 
     Returns
     -------
@@ -569,9 +577,10 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     cens_col = flag_column(tab, censored, "CENS", "censored")
     limit_col = flag_column(tab, limit, "LIMIT", "limit")
     limits, lloq_col = lloq_values(tab, lloq)
+    occ_col = flag_column(tab, occasion, "OCC", "occasion")
     used = {c for c in cols.values() if c is not None} | {key_col, cens_col, limit_col,
-                                                           lloq_col}
-    cov_cols = _covariate_columns(covariates, tab, used)
+                                                           lloq_col, occ_col}
+    cov_cols = [c for c in _covariate_columns(covariates, tab, used) if c != occ_col]
 
     # Parse the columns (errors name the first bad entry).
     num = {}
@@ -637,6 +646,9 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         cov = _subject_covariates(tab, ids[rows[0]], rows, cov_cols, time_varying, varying)
         series = {} if time_varying is not True else \
             _covariate_series(tab, rows, cov_cols, time, interpolation)
+        if occ_col is not None:  # a step function of time, always LOCF
+            cov.update(_subject_covariates(tab, ids[rows[0]], rows, [occ_col], True, {}))
+            series.update(_covariate_series(tab, rows, [occ_col], time, "locf"))
         for occ, seg in enumerate(ctx.occasions(rows)):
             doses, (data, flags, lim), t_first, t_last, n_late, empty = ctx.segment(seg)
             late_obs += n_late
