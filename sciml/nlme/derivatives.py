@@ -5,8 +5,9 @@
   ``psi = (theta, sigma, network weights)``, from the ODE's forward
   sensitivities) and to second order (``d2f/deta2``, ``d2f/deta dpsi``): the
   chain rule through the individual function (exact, sympy) and the ODE's
-  second-order sensitivities ``d2f/dphi dp``, central differences of the
-  first-order ones over the k individual parameters (2 k extra solves).
+  second-order sensitivities along the directions ``dphi/deta_a`` (`directional`:
+  central differences of the first-order ones, 2 n_eta extra solves, whatever the
+  number of individual parameters or of pieces of the record).
 - `curvatures`: third-order terms, second differences of the sensitivities
   along given directions of phi.
 - `variance_terms`: the residual variances ``R(f)``, ``R'``, ``R''`` and their
@@ -164,15 +165,24 @@ def _sensitivities(s, phi):
     return s.sf.predict(phi, True, s.weights, s.weight_index, full=True)[1]
 
 
-def _second_order(s, phi):
-    """``d2f/dphi dQ`` (m, n_phi, n_q): central differences over the individual parameters
-    of the sensitivities in the subject's columns."""
+def directional(s, phi, V):
+    """``sum_k V_kc d2f/dphi_k dQ`` (m, n_dir, n_q), the derivatives of the sensitivities
+    in the subject's columns along the columns ``V_c`` (n_phi, n_dir) of individual
+    parameter space: central differences, the step such that phi's largest relative
+    change is `_FD_PHI` (zero, without a solve, along a zero column)."""
+    scale = np.maximum(np.abs(phi), 1e-3)
     out = []
-    for ell in range(phi.shape[0]):
-        d = np.zeros_like(phi)
-        d[ell] = _FD_PHI * max(abs(phi[ell]), 1e-3)
-        out.append((_sensitivities(s, phi + d) - _sensitivities(s, phi - d)) / (2 * d[ell]))
-    return np.stack(out, axis=1)
+    for v in V.T:
+        big = np.max(np.abs(v) / scale)
+        if big == 0.0:
+            out.append(None)
+            continue
+        h = _FD_PHI / big
+        out.append((_sensitivities(s, phi + h * v) - _sensitivities(s, phi - h * v)) / (2 * h))
+    shape = next((o.shape for o in out if o is not None), None)
+    if shape is None:
+        shape = _sensitivities(s, phi).shape
+    return np.stack([np.zeros(shape) if o is None else o for o in out], axis=1)
 
 
 class Local:
@@ -187,9 +197,12 @@ class Local:
     ``G = df/deta`` (m, n_eta), ``df`` (m, n_pop): ``df/dpsi`` in the population
     directions (thetas, residual sds, estimated weights; zero for the sds); the
     individual function's ``phi``, ``pe = dPhi/deta``, ``pt = dPhi/dtheta``. With
-    ``second``: ``F2p = d2f/dPhi dQ`` (m, n_phi, n_q), ``F2`` its symmetric Phi block,
-    ``pee``, ``pet`` (``d2Phi/deta2``, ``d2Phi/deta dtheta``), ``Gee = d2f/deta2``
-    (m, n_eta, n_eta) and ``dG = dG/dpsi`` (m, n_eta, n_pop).
+    ``second``: ``DF = d/deta_a df/dQ`` along the individual parameters' own change
+    (m, n_eta, n_q; `directional` along the columns of pe), ``pee``, ``pet``
+    (``d2Phi/deta2``, ``d2Phi/deta dtheta``), ``Gee = d2f/deta2`` (m, n_eta, n_eta)
+    and ``dG = dG/dpsi`` (m, n_eta, n_pop). With ``F2 = d2f/dPhi2``:
+    ``Gee_j = pe^T F2_j pe + F_j pee`` (symmetrised), ``dG/dtheta_j = pe^T F2_j pt +
+    F_j pet`` and ``dG/dw_j = pe^T d2f_j/dPhi dw``, each a contraction of DF.
     """
 
     def __init__(self, s, eta, second=True):
@@ -208,16 +221,13 @@ class Local:
         if not second:
             return
         self.pee, self.pet = ind.second_derivatives(s.theta, eta)
-        self.F2p = _second_order(s, self.phi)
-        F2 = self.F2p[:, :, self.phi_cols]
-        self.F2 = F2 = 0.5 * (F2 + F2.transpose(0, 2, 1))
-        pe = self.pe
-        self.Gee = np.einsum("jkl,ka,lc->jac", F2, pe, pe) + np.einsum("jk,kac->jac", self.F,
-                                                                         self.pee)
-        Get = np.einsum("jkl,ka,lb->jab", F2, pe, self.pt) + np.einsum("jk,kab->jab", self.F,
-                                                                         self.pet)
-        Gw = np.einsum("jkw,ka->jaw", self.F2p[:, :, self.w_cols], pe)
-        self.dG = self.population(Get, Gw)
+        self.DF = directional(s, self.phi, self.pe)
+        pe, DFphi = self.pe, self.DF[:, :, self.phi_cols]
+        Gee = np.einsum("jak,kc->jac", DFphi, pe) + np.einsum("jk,kac->jac", self.F, self.pee)
+        self.Gee = 0.5 * (Gee + Gee.transpose(0, 2, 1))
+        Get = np.einsum("jak,kb->jab", DFphi, self.pt) + np.einsum("jk,kab->jab", self.F,
+                                                                     self.pet)
+        self.dG = self.population(Get, self.DF[:, :, self.w_cols])
 
     def population(self, theta_part, weight_part, sigma_part=None):
         """An array over the population directions (last axis) from its theta, weight and

@@ -43,8 +43,10 @@ optimum; kept, the result is the derivative of what was computed),
 - through the model parameters p (phi, the weights) at fixed M and N:
   ``tau_p = sum_j e_j (sum_c lam_c d2/dh2 S_jp(phi + h V_c) + sum_k F2p_jkp N_k)``,
   ``S = df/dp``; the curvatures along ``V_c`` are second differences of the
-  sensitivities (2 n_eta extra solves);
-- through pe: ``2 sum((Y pe A) * dpe)``, ``Y = sum_j e_j F2_j``, ``dpe = pet`` (theta)
+  sensitivities (2 n_eta extra solves), the last sum their derivative along N
+  (`derivatives.directional`, 2 more);
+- through pe: ``2 sum((Y pe A) * dpe)``, ``Y = sum_j e_j F2_j`` (``Y pe`` from the
+  derivatives along pe's columns, `derivatives.Local.DF`), ``dpe = pet`` (theta)
   or ``pee`` (eta);
 - through pee: ``(e F).dN``, dN by central differences of the individual function's
   exact second derivatives;
@@ -69,8 +71,8 @@ the Hessian inside being made of differenced sensitivities whose rounding, about
 ``dl' = 2 e/R0**2 dR0``), ``dmu/deta_c = -Gee_c eta`` and ``u = K^-1 dOFV/deta``;
 Gamma gains ``Oe Ou^T + Ou Oe^T``.
 
-All need the predictions' second derivatives (`derivatives.Local`: 2 k extra
-sensitivity solves for k individual parameters); FOCE with a variance that moves
+All need the predictions' second derivatives (`derivatives.Local`: 2 n_eta extra
+sensitivity solves); FOCE with a variance that moves
 with f also the sensitivities at eta = 0.
 """
 
@@ -80,6 +82,7 @@ from .derivatives import (
     Change,
     Local,
     curvatures,
+    directional,
     hessian,
     individual_third,
     residual_jets,
@@ -204,8 +207,8 @@ def _third_order(s, loc, e, A):
     lam, vec = np.linalg.eigh(A)
     D = curvatures(s, loc, loc.pe @ vec)                    # (m, n_eta, n_q)
     N = np.einsum("kac,ac->k", loc.pee, A)
-    tau = np.einsum("j,jcp,c->p", e, D, lam) + np.einsum("j,jkp,k->p", e, loc.F2p, N)
-    YpA = 2.0 * np.einsum("j,jkl->kl", e, loc.F2) @ loc.pe @ A  # (n_phi, n_eta)
+    tau = np.einsum("j,jcp,c->p", e, D, lam) + e @ directional(s, loc.phi, N[:, None])[:, 0]
+    YpA = 2.0 * np.einsum("j,jak->ka", e, loc.DF[:, :, idx]) @ A  # Y pe A, (n_phi, n_eta)
     eF = e @ loc.F
     dN_theta, dN_eta = individual_third(s, loc, A)
     t_theta = tau[idx] @ loc.pt + np.einsum("ka,kab->b", YpA, loc.pet) + eF @ dN_theta
