@@ -441,8 +441,9 @@ class NLME:
 
         ``theta``, ``sigma`` : dicts (or sequences in the model's order); ``omega``, ``iov``
         : dicts as in the constructor, or full matrices (their blocks are read); ``nets``
-        : estimated networks' weights by name; each defaults to the initial values. For subjects left out of a fit, the objective at the fit's
-        estimates is their marginal likelihood (`NLMEFit.objective_on`).
+        : estimated networks' weights by name; each defaults to the initial values. For
+        subjects left out of a fit, the objective at the fit's estimates is their marginal
+        likelihood (`NLMEFit.objective_on`).
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adjoints import ForwardSensitivity, Job, SolveFailed, values
+from adjoints import ForwardSensitivity, Job, values
 from sciml._validate import check_atol
 from sciml.segments import doses_in, in_span, piece_problem, segments
 from sciml.solvers import common
@@ -121,14 +121,20 @@ class SubjectFit:
                               max_steps)
         self.n_occ = 1 + max(pc.occasion for pc in self.pieces)
         self.obs_occ = np.zeros(self.y.shape[0], dtype=np.int64)  # each observation's
-        for pc in self.pieces:                                    # occasion
-            self.obs_occ[np.isin(self.obs_q, pc.rows)] = pc.occasion
+        # each piece's observations (indices into y) and their rows in its solve
+        self._where = []
+        for pc in self.pieces:
+            sel = np.flatnonzero(np.isin(self.obs_q, pc.rows))
+            self._where.append((sel, np.searchsorted(pc.rows, self.obs_q[sel]),
+                                self.col[sel]))
+            self.obs_occ[sel] = pc.occasion
         self.ind = SubjectIndividual(individual, np.array([pc.cov for pc in self.pieces]),
                                      None if effects is None else effects.maps(
                                          [pc.occasion for pc in self.pieces], self.n_occ))
         self.k = individual.index.shape[0]
         self.n_phi = self.k * len(self.pieces)
         self.kern = prob.kernel_table("obs", "obs_vjp") if self.kind == "observables" else None
+        self._observed = np.unique(self.col)
         self.ws = model.workspace()
         # the prepared sensitivity solves (`ForwardSensitivity.prepare`) per piece: to the
         # individual parameters (the empirical Bayes iterations), and to them and the
@@ -217,7 +223,7 @@ class SubjectFit:
     def _chained(self, phi, sens, weights, weight_index, wi):
         """Piece by piece, the state (and the sensitivities in Q) carried across."""
         model, idx, k = self.model, self.individual.index, self.k
-        n, J = model.n_states, len(self.pieces)
+        n = model.n_states
         nw = 0 if wi is None else wi.shape[0]
         nq = self.n_phi + nw
         m = self.y.shape[0]
@@ -227,12 +233,11 @@ class SubjectFit:
         carry = None  # (n, nq): dU/dQ at the piece's start
         for j, pc in enumerate(self.pieces):
             p = self.params(phi, weights, weight_index, j)
-            sel = np.flatnonzero(np.isin(self.obs_q, pc.rows))  # this piece's observations
-            rows = np.searchsorted(pc.rows, self.obs_q[sel])     # their rows in its solve
+            sel, rows, col = self._where[j]  # this piece's observations, their rows in its solve
             if not sens:
                 st = values(_at(pc.job, p), u0=u0).check()
                 U = st.u
-                f[sel] = self._observe(p, pc, U, rows, self.col[sel])
+                f[sel] = self._observe(p, pc, U, rows, col)
             else:
                 # columns: phi_j (forced; S0 = 0, or du0/dp in the first piece), w (forced,
                 # carried), each earlier phi_i (phi_j's first parameter from the carried
@@ -257,7 +262,7 @@ class SubjectFit:
                 direct[j * k:(j + 1) * k] = idx
                 if nw:
                     direct[self.n_phi:] = wi
-                f[sel], F[sel] = self._observe_sens(p, pc, U, SQ, rows, self.col[sel], direct)
+                f[sel], F[sel] = self._observe_sens(p, pc, U, SQ, rows, col, direct)
                 carry = SQ[-1]
             u0 = U[-1]
         return f, F
@@ -278,19 +283,28 @@ class SubjectFit:
         ts = pc.job.obs_t
         mj = rows.shape[0]
         f = np.empty(mj)
-        Fp = np.empty((mj, model.n_params))  # dh/dp (S = 0)
+        Fp = np.empty((mj, model.n_params))
+        has = direct >= 0
+        if has.all():  # every column has its model parameter: one pass, S in their places
+            Sp = np.zeros(U.shape + (model.n_params,))
+            Sp[:, :, direct] = SQ
+            observe_sensitivities(self.kern, p, self.ws, U, Sp, ts, rows, col,
+                                  np.empty(model.n_obs), f, Fp)
+            return f, Fp[:, direct]
         observe_sensitivities(self.kern, p, self.ws, U, np.zeros(U.shape + (model.n_params,)),
-                              ts, rows, col, np.empty(model.n_obs), f, Fp)
+                              ts, rows, col, np.empty(model.n_obs), f, Fp)  # dh/dp (S = 0)
         dhdu = np.empty((mj, model.n_states))  # dh/du per observation, one pass per observable
-        for c in np.unique(col):
+        for c in self._observed:
+            at = col == c
+            if not at.any():
+                continue
             Ybar = np.zeros((U.shape[0], model.n_obs))
             Ybar[:, c] = 1.0
             G = np.zeros(U.shape)
             observe_jumps(self.kern, p, self.ws, G, np.zeros(model.n_params), Ybar, U, ts,
                           np.zeros(model.n_states))
-            dhdu[col == c] = G[rows[col == c]]
+            dhdu[at] = G[rows[at]]
         F = np.einsum("mi,miq->mq", dhdu, SQ[rows])
-        has = direct >= 0
         F[:, has] += Fp[:, direct[has]]
         return f, F
 
