@@ -401,3 +401,38 @@ class ODEProblem:
         u0 = "u0=<function>" if self._u0_fn is not None else f"u0={self._u0.tolist()}"
         return (f"ODEProblem({type(self.model).__name__}, {u0}, "
                 f"tspan={self.tspan}, {len(self.doses)} dose(s))")
+
+
+def initial_function(model, initial, base, where):
+    """Initial values as a function of the parameters, for `ODEProblem(u0=...)`:
+    ``initial`` maps states to a parameter name (``{"effect": "e0"}``: nlmixr2's
+    ``effect(0) <- e0``), a function of the parameters (``lambda p: p.e0 / p.kout``,
+    traced) or a number; the other states start at ``base`` (n_states,). ``where``
+    prefixes the messages (``"read_events"``, ``"NLME"``)."""
+    if not isinstance(initial, dict) or not initial:
+        raise TypeError(f"{where}: `initial` must be a dict {{state: parameter name, function "
+                        f"of p or number}}, got {initial!r}")
+    base = np.array(base, dtype=np.float64)
+    rules = []
+    for state, v in initial.items():
+        if state not in model.states:
+            raise ValueError(f"{where}: `initial` names {state!r}, not a state of the model "
+                             f"({', '.join(model.states)})")
+        if isinstance(v, str):
+            if v not in model.params:
+                raise ValueError(f"{where}: `initial[{state!r}]` is {v!r}, not a parameter of "
+                                 f"the model ({', '.join(model.params) or 'none'})")
+        elif not callable(v) and not (isinstance(v, (int, float, np.integer, np.floating))
+                                      and not isinstance(v, bool) and np.isfinite(v)):
+            raise TypeError(f"{where}: `initial[{state!r}]` must be a parameter name, a "
+                            f"function of the parameters or a finite number, got {v!r}")
+        rules.append((model.states.index(state), v))
+
+    def u0(p):
+        out = [float(x) for x in base]
+        for i, v in rules:
+            out[i] = getattr(p, v) if isinstance(v, str) else (v(p) if callable(v) else float(v))
+        return out
+
+    u0.__name__ = f"initial values ({', '.join(initial)})"
+    return u0

@@ -81,7 +81,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..problem import Bolus, Change, Infusion, ODEProblem, check_dose_times
+from ..problem import Bolus, Change, Infusion, ODEProblem, check_dose_times, initial_function
 from .censoring import flag_column, lloq_values, read_censoring
 from .observations import Data
 
@@ -409,7 +409,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
                 tspan=None, u0=None, *, id_col="ID", time_col="TIME", dv_col="DV",
                 obs_col=None, duplicates="keep", time_varying="first", reset="error",
                 covariate_params=None, interpolation="locf", censored=None, lloq=None,
-                limit=None, occasion=None):
+                limit=None, occasion=None, initial=None):
     """Read an event table into one `Subject` (problem, data, covariates) per subject.
 
     Parameters
@@ -500,6 +500,12 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         lower end of a censored value's interval. Missing or ``-inf`` is the M3
         likelihood's ``(-inf, LLOQ)``; a finite lower end (M3 on an interval)
         is refused for now.
+    initial : dict, optional
+        Initial states that are expressions of the parameters, nlmixr2's
+        ``effect(0) <- e0``: ``{state: parameter name}``, or a function of the
+        parameters (``{"effect": lambda p: p.e0}``, traced), or a number; the
+        other states start at `u0`. Each subject's problem then has ``u0`` as a
+        function (`sciml.ODEProblem`), with exact gradients through it.
     occasion : str or False, optional
         The occasion column (default: an ``OCC`` column when there is one; False
         reads it as an ordinary covariate). Its value is a step function of time
@@ -554,6 +560,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         time_varying = "first"
     comp = _compartments(compartments, model)
     obs_kind, obs_names, obs_map = _observables(observable, model)
+    initial = None if initial is None else _initial_functions(model, initial)
     tab = _Table(table)
 
     # Required columns, with the names the caller chose for ID / TIME / DV.
@@ -658,7 +665,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
             t_start = t_first if tspan is None else float(tspan[0])
             cov_k = _covariates_at(cov, series, t_start) if series else cov
             prob = _problem(model, doses, data, t_first, t_last, cov_k, who, params, u0, tspan,
-                            covariate_params, series)
+                            covariate_params, series, initial)
             if data is None:
                 no_data.append(who)
             subjects.append(Subject(sid, prob, data, cov_k, occ,
@@ -995,7 +1002,7 @@ class _Ctx:
 
 
 def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, rules,
-             series):
+             series, initial=None):
     if params is None:
         if model.params:
             raise ValueError("read_events: give `params` (the flat theta, e.g. from "
@@ -1019,6 +1026,8 @@ def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, r
                              "give `tspan` to say how long to simulate")
     else:
         span = tspan
+    if initial is not None:
+        x0 = initial(x0)
     prob = ODEProblem(model, x0, span, theta)
     if series:
         if callable(params):
@@ -1042,3 +1051,20 @@ def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, r
     if data is not None:
         data.check_span(prob.tspan, where=f"read_events: {who}")
     return prob
+
+
+
+def _initial_functions(model, initial):
+    """``base -> u0 function`` of `problem.initial_function` for ``initial``, one function
+    per distinct base: a table's subjects share it, so it is traced once."""
+    initial_function(model, initial, np.zeros(model.n_states), "read_events")  # checked
+    made = {}
+
+    def of(base):
+        base = np.array(base, dtype=np.float64)
+        key = base.tobytes()
+        if key not in made:
+            made[key] = initial_function(model, initial, base, "read_events")
+        return made[key]
+
+    return of

@@ -22,6 +22,7 @@ from scipy import optimize
 
 from adjoints import SolveFailed
 from sciml._validate import positive_number
+from sciml.problem import initial_function
 from sciml.solvers.erk import Tsit5
 
 from . import bfgs
@@ -112,6 +113,12 @@ class NLME:
         step function of time, as ``read_events(..., occasion="OCC")`` reads it (a subject
         with a constant value has one occasion). Occasions of a subject are numbered in
         the order they start; each is one stretch of its record.
+    initial : dict, optional
+        Initial states that are expressions of the model's parameters (so of the
+        individual parameters): ``{"effect": "e0"}`` (nlmixr2's ``effect(0) <- e0``), a
+        function of the parameters (``lambda p: p.e0``) or a number; the other states
+        start where the subjects' problems do (`sciml.data.read_events` takes the same
+        ``initial=``; give it in one place).
 
     Examples
     --------
@@ -124,7 +131,7 @@ class NLME:
     """
 
     def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12,
-                 threads=None, iov=None, occasion=None):
+                 threads=None, iov=None, occasion=None, initial=None):
         if not isinstance(theta, dict) or not theta:
             raise TypeError("NLME: `theta` must be a non-empty dict {name: initial value}")
         self.model = model
@@ -137,6 +144,9 @@ class NLME:
                              "{eta: variance} as well")
         self.iov_blocks = [] if iov is None else _omega_blocks(iov, "iov")
         self.iov_names = tuple(n for names, _ in self.iov_blocks for n in names)
+        if initial is not None:
+            initial_function(model, initial, np.zeros(model.n_states), "NLME")  # checked
+        self.initial, self._initial_fns = initial, {}
         if occasion is not None and not isinstance(occasion, str):
             raise TypeError(f"NLME: `occasion` must be a column name, got {occasion!r}")
         self.occasion = (occasion or "OCC") if iov is not None else None
@@ -306,8 +316,8 @@ class NLME:
             subjects = [s for s in subjects if all(s is not e for e in empty)]
             if not subjects:
                 raise ValueError("NLME: no subject has observations")
-        fits = [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
-                           max_steps, self.effects) for s in subjects]
+        fits = [SubjectFit(self._with_initial(s), self.model, self.individual, error_of,
+                           solver, rtol, atol, max_steps, self.effects) for s in subjects]
         limits = self._limits(lloq)
         if limits is not None:
             for sf in fits:
@@ -320,6 +330,25 @@ class NLME:
                     sf.cens = below | flagged
                 sf.lloq = np.where(flagged, sf.lloq, np.maximum(sf.lloq, c))
         return fits
+
+    def _with_initial(self, subject):
+        """``subject`` with its problem's initial states from `initial` (a copy), or itself."""
+        if self.initial is None:
+            return subject
+        prob = getattr(subject, "problem", None)
+        if prob is None or prob.model is not self.model:
+            return subject  # SubjectFit says what is wrong
+        if prob.u0_function is not None:
+            raise ValueError(f"NLME: subject {subject.id!r}'s problem has initial values as a "
+                             "function already (read_events(initial=) or u0=); give "
+                             "`initial` in one place")
+        key = prob.u0.tobytes()
+        if key not in self._initial_fns:
+            self._initial_fns[key] = initial_function(self.model, self.initial, prob.u0,
+                                                      "NLME")
+        out = copy.copy(subject)
+        out.problem = prob.remake(u0=self._initial_fns[key])
+        return out
 
     def _limits(self, lloq):
         """The LLOQ of each error model's observations (-inf: none), or None."""
