@@ -18,9 +18,8 @@ problem's setting, `values(job)` solves it at its observation times and
 system is built once; a failed solve raises `SolveFailed`.
 """
 
-from ._forward import Job, values
 from .auto import default_sensealg
-from .base import SensitivityAlgorithm, SolveFailed
+from .base import Job, SensitivityAlgorithm, SolveFailed, values
 from .continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from .discrete import DiscreteAdjoint
 from .forward import ForwardSensitivity

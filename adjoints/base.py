@@ -14,9 +14,9 @@ the model kernels it calls beyond the solver's own.
 
 import numpy as np
 
-from ._forward import SolveFailed
+from ._forward import Job, SolveFailed, values
 
-__all__ = ["SensitivityAlgorithm", "SolveFailed"]
+__all__ = ["SensitivityAlgorithm", "SolveFailed", "Job", "values"]
 
 
 def _tol(cls, name, v):
