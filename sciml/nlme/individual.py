@@ -154,11 +154,16 @@ class Individual:
         self.covariates = tuple(cv)
         exprs = [_expr(v, f"parameter {k!r}") for k, v in out.items()]
         ths = list(th.values()) + [w for ws in net_proxy.weights.values() for w in ws]
-        ets, cvs = list(et.values()), list(cv.values())
+        self._exprs, self._theta_syms, self._eta_syms = exprs, ths[:len(th)], list(et.values())
+        self._all_theta, self._cov_syms = ths, list(cv.values())
+        self._compile()
+
+    def _compile(self):
+        """The numpy functions of the expressions and their exact derivatives (sympy)."""
+        exprs, ths, ets = self._exprs, self._all_theta, self._eta_syms
         d_eta = [[_diff(e, s) for s in ets] for e in exprs]
         d_theta = [[_diff(e, s) for s in ths] for e in exprs]
-        self._exprs, self._theta_syms, self._eta_syms = exprs, ths[:len(th)], ets
-        args = [ths, ets, cvs]
+        args = [ths, ets, self._cov_syms]
         modules = [{"sigmoid": _expit}, "numpy"]
         self._values = sympy.lambdify(args, exprs, modules=modules, cse=True)
         self._derivs = sympy.lambdify(args, [exprs, d_eta, d_theta], modules=modules, cse=True)
@@ -166,6 +171,16 @@ class Individual:
         d2_et = [[[_diff(d, s) for s in ths] for d in row] for row in d_eta]
         self._second = sympy.lambdify(args, [d2_ee, d2_et], modules=modules, cse=True)
         self.n_eta, self.n_theta = len(ets), len(ths)
+
+    def __getstate__(self):
+        # pickled by its traced expressions (for worker processes and Dask): the numpy
+        # functions sympy generated are made again, and the user's function is not needed
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_values", "_derivs", "_second")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._compile()
 
     # A line search may try an eta whose exp overflows: the solve then fails and the step
     # is shortened; numpy's overflow warning would only be noise.

@@ -10,9 +10,11 @@ the last one found. The outer optimiser (BFGS) follows the objective's exact
 gradient (`gradient`), for every method.
 """
 
+import contextlib
 import copy
 import math
 import os
+import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -113,6 +115,17 @@ class NLME:
         step function of time, as ``read_events(..., occasion="OCC")`` reads it (a subject
         with a constant value has one occasion). Occasions of a subject are numbered in
         the order they start; each is one stretch of its record.
+    workers : int, optional
+        Evaluate the subjects in this many worker processes (forked once per `fit` or
+        `objective` with the prepared subjects, each holding a block of them; `parallel`):
+        the Python around each subject's solves then runs on every core, which threads
+        cannot do. Results are the serial ones bit for bit. With ``client``: the number of
+        blocks (default: one per Dask worker).
+    client : None, "local" or dask.distributed.Client
+        Evaluate blocks of subjects on Dask workers (``"local"``: an embedded
+        ``LocalCluster`` of `workers` processes, closed at the end of each call): each
+        block is shipped once per fit, and each evaluation returns its subjects'
+        objective and gradient contributions. For populations beyond one machine.
     initial : dict, optional
         Initial states that are expressions of the model's parameters (so of the
         individual parameters): ``{"effect": "e0"}`` (nlmixr2's ``effect(0) <- e0``), a
@@ -131,7 +144,16 @@ class NLME:
     """
 
     def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12,
-                 threads=None, iov=None, occasion=None, initial=None):
+                 threads=None, iov=None, occasion=None, initial=None, workers=None,
+                 client=None):
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                    or workers < 1):
+            raise ValueError(f"NLME: `workers` must be a positive int or None, got {workers!r}")
+        if client is not None and client != "local":
+            dist = sys.modules.get("distributed")
+            if dist is None or not isinstance(client, dist.Client):
+                raise TypeError(f"NLME: `client` must be None, \"local\" (an embedded Dask "
+                                f"LocalCluster) or a dask.distributed.Client, got {client!r}")
         if not isinstance(theta, dict) or not theta:
             raise TypeError("NLME: `theta` must be a non-empty dict {name: initial value}")
         self.model = model
@@ -194,6 +216,31 @@ class NLME:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"NLME: `threads` must be a positive int, got {threads!r}")
         self.threads = threads
+        self.workers, self.client = workers, client
+        self._runner = None  # the worker processes or Dask blocks of the current call
+
+    def __getstate__(self):
+        # what a worker process or a Dask worker gets: never the runner of a call
+        return {**self.__dict__, "_runner": None}
+
+    @contextlib.contextmanager
+    def _parallel(self, fits, solve):
+        """Start the worker processes or Dask blocks of `workers` / `client` for ``fits``
+        (prepared with ``solve``) for the duration of a call."""
+        if self._runner is not None or (self.client is None and (self.workers or 1) < 2) \
+                or len(fits) < 2:
+            yield
+            return
+        from .parallel import DaskBlocks, Workers
+
+        runner = DaskBlocks(self, fits, solve, self.client, self.workers) \
+            if self.client is not None else Workers(self, fits, self.workers)
+        self._runner = runner
+        try:
+            yield
+        finally:
+            self._runner = None
+            runner.close()
 
     # ---------------------------------------------------------------- parameters
 
@@ -388,19 +435,22 @@ class NLME:
         with ThreadPoolExecutor(n) as pool:
             return list(pool.map(lambda a: fn(*a), pairs))
 
+    def evaluate(self, kind, fits, x, method, starts, ebe_tol=None):
+        """Each subject's ``subject_objective`` (``kind="objective"``) or
+        ``subject_gradient`` (``"gradient"``) at ``x``, in the subjects' order: in this
+        process on `threads` threads, or on the worker processes or Dask blocks that hold
+        ``fits`` (`parallel`)."""
+        runner = self._runner
+        if runner is not None and runner.holds(fits):
+            return runner.run(kind, x, method, list(starts), ebe_tol)
+        subject = self._subject(x, method, ebe_tol)
+        one = subject_objective if kind == "objective" else subject_gradient
+        return self._each(lambda sf, start: one(subject(sf), start), fits, starts)
+
     def _objective(self, fits, x, method, etas, ebe_tol=None):
         """``(objective, etas)`` at ``x``; each subject's estimate starts from its entry of
         ``etas`` (an array, or an `EtaStart` of `_objective_and_gradient`)."""
-        subject = self._subject(x, method, ebe_tol)
-
-        def one(sf, start):
-            try:
-                subj = subject(sf)
-                return subj.objective(*_eta0(start, subj))
-            except SolveFailed:  # parameters where this subject cannot be solved
-                return np.inf, _eta0(start, None)[0]
-
-        out = self._each(one, fits, etas)
+        out = self.evaluate("objective", fits, x, method, etas, ebe_tol)
         return sum(v for v, _ in out), [eta for _, eta in out]
 
     def _objective_and_gradient(self, fits, x, etas, method):
@@ -410,18 +460,7 @@ class NLME:
         (None) where the objective is not finite. ``starts``: each subject's `EtaStart`
         (its estimate, ``.eta``, and where it moves with the parameters), what the next
         call's ``etas`` should be."""
-        subject = self._subject(x, method)
-
-        def one(sf, start):
-            try:
-                subj = subject(sf)
-                value, eta = subj.objective(*_eta0(start, subj))
-                return (value,) + (gradient(subj, eta) if np.isfinite(value) else
-                                   (None, None, eta))
-            except SolveFailed:  # parameters where this subject cannot be solved
-                return np.inf, None, None, start
-
-        out = self._each(one, fits, etas)
+        out = self.evaluate("gradient", fits, x, method, etas)
         if not all(np.isfinite(v) for v, *_ in out):
             return np.inf, etas, None
         total, d_pop, gamma, gamma_iov = 0.0, 0.0, 0.0, 0.0
@@ -477,7 +516,8 @@ class NLME:
         method = _method(method)
         fits = self.prepare(subjects, **solve)
         x = self._given(theta, omega, sigma, nets, iov)
-        return self._objective(fits, x, method, self._zero_etas(fits))[0]
+        with self._parallel(fits, solve):
+            return self._objective(fits, x, method, self._zero_etas(fits))[0]
 
     def _zero_etas(self, fits):
         return [np.zeros(self.n_random(sf)) for sf in fits]
@@ -683,11 +723,15 @@ class NLME:
         fits = self.prepare(subjects, **solve)
         x0 = self._start(start)
         free = self._free(fixed)
-        etas = self._zero_etas(fits)
-        if settings is not None:
-            return self._fit_saem(fits, settings, x0, free, etas, max_iter, covariance,
-                                  stages)
-        state = {"etas": etas, "n_eval": 0}
+        ftol = positive_number("ftol", ftol, where="NLME.fit")
+        with self._parallel(fits, solve):
+            if settings is not None:
+                return self._fit_saem(fits, settings, x0, free, self._zero_etas(fits),
+                                      max_iter, covariance, stages)
+            return self._fit(fits, method, x0, free, max_iter, covariance, stages, ftol)
+
+    def _fit(self, fits, method, x0, free, max_iter, covariance, stages, ftol):
+        state = {"etas": self._zero_etas(fits), "n_eval": 0}
 
         def full(z):
             x = x0.copy()
@@ -704,8 +748,7 @@ class NLME:
             return value, self.gradient_x(x, parts)[free]
 
         z0 = _first_order(stages, fun_and_grad, x0[free])
-        res = bfgs.minimize(fun_and_grad, z0, max_iter=max_iter,
-                            ftol=positive_number("ftol", ftol, where="NLME.fit"))
+        res = bfgs.minimize(fun_and_grad, z0, max_iter=max_iter, ftol=ftol)
         x = full(res.x)
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)
@@ -803,6 +846,25 @@ class NLME:
                 raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
                                  f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
+
+
+def subject_objective(subj, start):
+    """``(contribution to the objective, eta_hat)`` of one subject (`likelihood.Subject`)
+    from ``start`` (infinite where its solve fails)."""
+    try:
+        return subj.objective(*_eta0(start, subj))
+    except SolveFailed:  # parameters where this subject cannot be solved
+        return np.inf, _eta0(start, None)[0]
+
+
+def subject_gradient(subj, start):
+    """``(contribution, dOFV/dpsi, Gamma, EtaStart)`` of one subject (`gradient.gradient`);
+    ``(inf, None, None, start)`` where it cannot be solved."""
+    try:
+        value, eta = subj.objective(*_eta0(start, subj))
+        return (value,) + (gradient(subj, eta) if np.isfinite(value) else (None, None, eta))
+    except SolveFailed:  # parameters where this subject cannot be solved
+        return np.inf, None, None, start
 
 
 def _eta0(start, subject):
