@@ -350,6 +350,9 @@ class ODEProblem:
             return self._u0.copy()
         if self._u0_table is None:  # a steady state, or a state carried from elsewhere
             return self._u0_fn.state(self, np.asarray(params, dtype=np.float64))
+        direct = _initial_numpy(self._u0_trace)
+        if direct is not None:
+            return direct.state(params)
         table = self.kernel_table()
         z = np.empty(self.model.n_states)
         call(table, "init", (z, z, params), 0.0, self.model.workspace())
@@ -375,6 +378,9 @@ class ODEProblem:
             return np.zeros((n, npar))
         if self._u0_table is None and hasattr(self._u0_fn, "initial_jacobian"):
             return self._u0_fn.initial_jacobian(self, np.asarray(params, dtype=np.float64))
+        direct = _initial_numpy(self._u0_trace) if self._u0_table is not None else None
+        if direct is not None:
+            return direct.jacobian(params, npar)
         return np.stack([self.initial_vjp(params, e) for e in np.eye(n)]) if n else \
             np.zeros((0, npar))
 
@@ -436,3 +442,52 @@ def initial_function(model, initial, base, where):
 
     u0.__name__ = f"initial values ({', '.join(initial)})"
     return u0
+
+
+class _InitialNumpy:
+    """Initial values without networks and their Jacobian as numpy functions of the few
+    parameters they read (sympy ``lambdify``): what a solve that starts from them calls
+    once, where the kernels' ctypes calls (one reverse pass per state) cost more than
+    the solve of a small model."""
+
+    def __init__(self, trace):
+        import sympy
+
+        used = sorted(set().union(*(e.free_symbols for e in trace.exprs)) & set(trace.p),
+                      key=list(trace.p).index)
+        self.cols = np.array([list(trace.p).index(s) for s in used], dtype=np.int64)
+        self.n = len(trace.exprs)
+        self._value = sympy.lambdify([used], list(trace.exprs), modules="numpy")
+        self._jac = sympy.lambdify([used], [[sympy.diff(e, s) for s in used]
+                                            for e in trace.exprs], modules="numpy")
+
+    def state(self, params):
+        return np.array(self._value(np.asarray(params, dtype=np.float64)[self.cols]),
+                        dtype=np.float64).reshape(self.n)
+
+    def jacobian(self, params, n_params):
+        out = np.zeros((self.n, n_params))
+        if self.cols.size:
+            out[:, self.cols] = np.array(
+                self._jac(np.asarray(params, dtype=np.float64)[self.cols]),
+                dtype=np.float64).reshape(self.n, self.cols.size)
+        return out
+
+
+_INITIAL_NUMPY = {}
+
+
+def _initial_numpy(trace):
+    """`_InitialNumpy` of a traced initial-value function, or None where it calls networks
+    (their kernels then serve); one per distinct traced expressions."""
+    if trace is None or trace.calls:
+        return None
+    hit = _INITIAL_NUMPY.get(id(trace))  # by identity: hashing sympy trees costs more
+    if hit is not None and hit[0] is trace:
+        return hit[1]
+    key = (trace.exprs, trace.p)
+    out = _INITIAL_NUMPY.get(key)
+    if out is None:
+        out = _INITIAL_NUMPY[key] = _InitialNumpy(trace)
+    _INITIAL_NUMPY[id(trace)] = (trace, out)
+    return out
