@@ -122,3 +122,41 @@ def values(job, u0=None):
     the problem's initial state at ``job.p``). Public as ``adjoints.values``; call
     ``.check()`` on the result to raise `SolveFailed` where the solve stopped early."""
     return forward(job, dense=False, u0=u0)
+
+
+def prepare_values(job):
+    """``run(p, u0=None) -> State``: `values` of ``job`` at parameters ``p`` (from ``u0``,
+    default the problem's initial state), its system, control and tableau built once (for
+    many solves of one problem: a population model's sampler or simulations). The
+    returned states share the system, whose parameters the next call overwrites. Public
+    as ``adjoints.prepare_values``."""
+    p_buf = np.array(job.p, dtype=np.float64)  # the system reads it: updated in place
+    sys = common.forward_system(job.table(), p_buf, job.sched, job.n, job.stiff,
+                                job.linear())
+    tab, ctl, loop = job.solver.engine_tableau(), job.control(), job.solver._loop()
+    stops = job.sched.stops
+    entry = []
+
+    def run(p, u0=None):
+        p_buf[:] = p
+        z = job.prob.initial_state(p_buf) if u0 is None else np.array(u0, dtype=np.float64)
+        rec = record(job.n, job.obs_t)
+        args = (sys, tab, ctl, stops, z, rec)
+        if entry:
+            status, t_end = entry[0](*args)
+        else:
+            status, t_end = loop(*args)
+            entry.append(entry_point(loop, args))
+        return State(rec.save_z, int(status), float(t_end), sys, tab, rec, 0, z)
+
+    return run
+
+
+def entry_point(loop, args):
+    """The compiled function a numba dispatcher ``loop`` runs for ``args`` (its types found
+    once: the dispatcher would work them out for the nested structures at every call),
+    or ``loop`` itself where it cannot be found."""
+    try:
+        return loop.get_overload(tuple(loop.typeof_pyval(a) for a in args))
+    except Exception:  # not a numba dispatcher (NUMBA_DISABLE_JIT), or no such overload
+        return loop

@@ -14,9 +14,9 @@ the model kernels it calls beyond the solver's own.
 
 import numpy as np
 
-from ._forward import Job, SolveFailed, values
+from ._forward import Job, SolveFailed, prepare_values, values
 
-__all__ = ["SensitivityAlgorithm", "SolveFailed", "Job", "values"]
+__all__ = ["SensitivityAlgorithm", "SolveFailed", "Job", "values", "prepare_values"]
 
 
 def _tol(cls, name, v):

@@ -15,7 +15,7 @@ from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.kernels.structs import lin, record
 
-from ._forward import SolveFailed, State
+from ._forward import SolveFailed, State, entry_point
 from .base import SensitivityAlgorithm
 from .kernels.systems import Sens
 
@@ -90,15 +90,28 @@ class ForwardSensitivity(SensitivityAlgorithm):
         ctl = job.solver.control(rtol, atol, job.dt, job.max_steps)
         loop, tab = job.solver._loop(), job.solver.engine_tableau()
         T = job.obs_t.shape[0]
+        fixed_u0 = job.prob.u0_function is None  # then S starts at zero
+        # the loop's compiled entry for these argument types, found at the first call: the
+        # dispatcher would otherwise work out the types of the nested structures each time
+        entry = []
 
         def run(p, u0=None, s0=None):
             p_buf[:] = p
             z = np.empty(nz)
             z[:n] = job.prob.initial_state(p_buf) if u0 is None else u0
-            z[n:] = (_initial_sensitivities(job, p_buf)[:, cols] if s0 is None else
-                     np.asarray(s0, dtype=np.float64).reshape(n, npar)).ravel()
+            if s0 is not None:
+                z[n:] = np.asarray(s0, dtype=np.float64).reshape(n * npar)
+            elif fixed_u0:
+                z[n:] = 0.0
+            else:
+                z[n:] = _initial_sensitivities(job, p_buf)[:, cols].ravel()
             rec = record(nz, job.obs_t)
-            status, t_end = loop(sys, tab, ctl, job.sched.stops, z, rec)
+            args = (sys, tab, ctl, job.sched.stops, z, rec)
+            if entry:
+                status, t_end = entry[0](*args)
+            else:
+                status, t_end = loop(*args)
+                entry.append(entry_point(loop, args))
             if status != 0:
                 raise SolveFailed(f"ForwardSensitivity: the augmented solve failed: "
                                   f"{STATUS_TEXT.get(int(status), status)}")

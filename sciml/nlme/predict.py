@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from adjoints import ForwardSensitivity, Job, values
+from adjoints import ForwardSensitivity, Job, prepare_values
 from sciml._validate import check_atol
 from sciml.segments import doses_in, in_span, piece_problem, segments
 from sciml.solvers import common
@@ -185,6 +185,12 @@ class SubjectFit:
 
     # ---------------------------------------------------------------- one solve
 
+    def _values(self, piece):
+        run = self._sens.get((piece, "values"))
+        if run is None:
+            run = self._sens[(piece, "values")] = prepare_values(self.pieces[piece].job)
+        return run
+
     def _run(self, piece, cols_key, cols):
         run = self._sens.get((piece, cols_key))
         if run is None:
@@ -197,7 +203,7 @@ class SubjectFit:
         model, idx = self.model, self.individual.index
         job = self.pieces[0].job
         if not sens:
-            st = values(_at(job, p)).check()
+            st = self._values(0)(p).check()
             U = st.u
             if self.kind == "states":
                 return U[self.obs_q, self.col], None
@@ -235,7 +241,7 @@ class SubjectFit:
             p = self.params(phi, weights, weight_index, j)
             sel, rows, col = self._where[j]  # this piece's observations, their rows in its solve
             if not sens:
-                st = values(_at(pc.job, p), u0=u0).check()
+                st = self._values(j)(p, u0).check()
                 U = st.u
                 f[sel] = self._observe(p, pc, U, rows, col)
             else:
@@ -307,14 +313,6 @@ class SubjectFit:
         F = np.einsum("mi,miq->mq", dhdu, SQ[rows])
         F[:, has] += Fp[:, direct[has]]
         return f, F
-
-
-def _at(job, p):
-    """``job`` at the parameters ``p`` (a shallow copy)."""
-    out = Job.__new__(Job)
-    out.__dict__.update(job.__dict__)
-    out.p = p
-    return out
 
 
 def _pieces(subject, prob, individual, effects, obs_t, solver, rtol, atol, max_steps):
