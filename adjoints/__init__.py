@@ -11,10 +11,16 @@ Every method is a settings object passed as ``sensealg=`` to
 - `DiscreteAdjoint` - reverse mode through the solver's steps (exact discrete gradient).
 
 `default_sensealg` documents the automatic choice.
+
+Solving one problem many times (a population model's subjects): `Job` holds a
+problem's setting, `values(job)` solves it at its observation times
+(`prepare_values(job)` returns such a solve with its system built once) and
+``ForwardSensitivity().prepare(job, cols)`` returns a solve with sensitivities whose
+system is built once; a failed solve raises `SolveFailed`.
 """
 
 from .auto import default_sensealg
-from .base import SensitivityAlgorithm, SolveFailed
+from .base import Job, SensitivityAlgorithm, SolveFailed, prepare_values, values
 from .continuous import BacksolveAdjoint, GaussAdjoint, InterpolatingAdjoint, QuadratureAdjoint
 from .discrete import DiscreteAdjoint
 from .forward import ForwardSensitivity
@@ -22,5 +28,5 @@ from .forward import ForwardSensitivity
 __all__ = [
     "SensitivityAlgorithm", "InterpolatingAdjoint", "BacksolveAdjoint", "GaussAdjoint",
     "QuadratureAdjoint", "ForwardSensitivity", "DiscreteAdjoint", "default_sensealg",
-    "SolveFailed",
+    "SolveFailed", "Job", "values", "prepare_values",
 ]

@@ -22,7 +22,14 @@ class SolveFailed(RuntimeError):
 
 @dataclass
 class Job:
-    """One gradient's setting: problem, parameters, solver, tolerances, observation times."""
+    """One gradient's setting: problem, parameters, solver, tolerances, observation times.
+
+    Public as ``adjoints.Job``: with `values` and `ForwardSensitivity.prepare` it is how
+    code that solves one problem many times (a population model's subjects) runs the
+    compiled loops without building a setting per solve. ``sched`` is
+    ``sciml.solvers.common.schedule(prob)``, ``atol`` an (n_states,) array, ``dt`` the
+    first step (None: estimated), ``obs_t`` the sorted times the states are saved at.
+    """
 
     prob: object
     p: np.ndarray
@@ -89,12 +96,13 @@ class State:
         return self
 
 
-def forward(job, dense, needs=()):
-    """The problem solved at the observation times (every step stored when ``dense``)."""
+def forward(job, dense, needs=(), u0=None):
+    """The problem solved at the observation times (every step stored when ``dense``), from
+    ``u0`` (default: the problem's initial state at ``job.p``)."""
     sys = job.system(*needs)
     tab = job.solver.engine_tableau()
     ctl = job.control()
-    z0 = job.prob.initial_state(job.p)
+    z0 = job.prob.initial_state(job.p) if u0 is None else np.array(u0, dtype=np.float64)
     stops = job.sched.stops
     if dense:
         cap = common.capacity(job.sched, job.max_steps, None if job.solver.adaptive else job.dt)
@@ -108,6 +116,47 @@ def forward(job, dense, needs=()):
     return State(rec.save_z, int(status), float(t_end), sys, tab, rec, n_steps, z)
 
 
-def values(job):
-    """States at the observation times (no per-step storage): what a loss alone needs."""
-    return forward(job, dense=False)
+def values(job, u0=None):
+    """The `State` at the observation times ``job.obs_t`` (``.u``: (T, n_states); no
+    per-step storage): what a loss alone needs. ``u0``: the state to start from (default:
+    the problem's initial state at ``job.p``). Public as ``adjoints.values``; call
+    ``.check()`` on the result to raise `SolveFailed` where the solve stopped early."""
+    return forward(job, dense=False, u0=u0)
+
+
+def prepare_values(job):
+    """``run(p, u0=None) -> State``: `values` of ``job`` at parameters ``p`` (from ``u0``,
+    default the problem's initial state), its system, control and tableau built once (for
+    many solves of one problem: a population model's sampler or simulations). The
+    returned states share the system, whose parameters the next call overwrites. Public
+    as ``adjoints.prepare_values``."""
+    p_buf = np.array(job.p, dtype=np.float64)  # the system reads it: updated in place
+    sys = common.forward_system(job.table(), p_buf, job.sched, job.n, job.stiff,
+                                job.linear())
+    tab, ctl, loop = job.solver.engine_tableau(), job.control(), job.solver._loop()
+    stops = job.sched.stops
+    entry = []
+
+    def run(p, u0=None):
+        p_buf[:] = p
+        z = job.prob.initial_state(p_buf) if u0 is None else np.array(u0, dtype=np.float64)
+        rec = record(job.n, job.obs_t)
+        args = (sys, tab, ctl, stops, z, rec)
+        if entry:
+            status, t_end = entry[0](*args)
+        else:
+            status, t_end = loop(*args)
+            entry.append(entry_point(loop, args))
+        return State(rec.save_z, int(status), float(t_end), sys, tab, rec, 0, z)
+
+    return run
+
+
+def entry_point(loop, args):
+    """The compiled function a numba dispatcher ``loop`` runs for ``args`` (its types found
+    once: the dispatcher would work them out for the nested structures at every call),
+    or ``loop`` itself where it cannot be found."""
+    try:
+        return loop.get_overload(tuple(loop.typeof_pyval(a) for a in args))
+    except Exception:  # not a numba dispatcher (NUMBA_DISABLE_JIT), or no such overload
+        return loop

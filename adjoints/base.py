@@ -16,9 +16,9 @@ import numpy as np
 
 from sciml._validate import optional_tolerance
 
-from ._forward import SolveFailed
+from ._forward import Job, SolveFailed, prepare_values, values
 
-__all__ = ["SensitivityAlgorithm", "SolveFailed"]
+__all__ = ["SensitivityAlgorithm", "SolveFailed", "Job", "values", "prepare_values"]
 
 
 class SensitivityAlgorithm:

@@ -15,7 +15,7 @@ from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.kernels.structs import lin, record
 
-from ._forward import SolveFailed, State
+from ._forward import SolveFailed, State, entry_point
 from .base import SensitivityAlgorithm
 from .kernels.systems import Sens
 
@@ -58,11 +58,19 @@ class ForwardSensitivity(SensitivityAlgorithm):
         return self.prepare(job, self.params)(job.p)
 
     def prepare(self, job, cols=None):
-        """``run(p) -> State``: the augmented solve of ``job`` at parameters ``p``, with its
-        system, control and tableau built once (for many solves of one problem, such as a
-        subject's empirical Bayes iterations). ``cols``: the parameters (indices) whose
-        sensitivities are integrated (default all): ``State.S`` is then (T, n, len(cols)),
-        and the cost follows len(cols), not the model's parameter count."""
+        """``run(p, u0=None, s0=None) -> State``: the augmented solve of ``job`` at
+        parameters ``p``, with its system, control and tableau built once (for many solves
+        of one problem, such as a subject's empirical Bayes iterations). ``cols``: the
+        parameters (indices) whose sensitivities are integrated (default all): ``State.S``
+        is then (T, n, len(cols)), and the cost follows len(cols), not the model's
+        parameter count. A parameter may be listed more than once: each column is
+        integrated from its own start.
+
+        ``u0`` (n,) and ``s0`` (n, len(cols)) start the solve from a given state and given
+        sensitivities instead of the problem's ``u0`` and ``du0/dp`` (one piece of a solve
+        made of pieces: the columns then carry what the earlier pieces handed on; a column
+        whose forcing ``df/dp`` belongs to no parameter of this piece is the difference of
+        two columns of one parameter started apart, since S is linear in its start)."""
         n, n_all = job.n, job.n_params
         cols = np.arange(n_all, dtype=np.int64) if cols is None else \
             np.array(cols, dtype=np.int64).ravel()
@@ -84,14 +92,28 @@ class ForwardSensitivity(SensitivityAlgorithm):
         ctl = job.solver.control(rtol, atol, job.dt, job.max_steps)
         loop, tab = job.solver._loop(), job.solver.engine_tableau()
         T = job.obs_t.shape[0]
+        fixed_u0 = job.prob.u0_function is None  # then S starts at zero
+        # the loop's compiled entry for these argument types, found at the first call: the
+        # dispatcher would otherwise work out the types of the nested structures each time
+        entry = []
 
-        def run(p):
+        def run(p, u0=None, s0=None):
             p_buf[:] = p
             z = np.empty(nz)
-            z[:n] = job.prob.initial_state(p_buf)
-            z[n:] = _initial_sensitivities(job, p_buf)[:, cols].ravel()
+            z[:n] = job.prob.initial_state(p_buf) if u0 is None else u0
+            if s0 is not None:
+                z[n:] = np.asarray(s0, dtype=np.float64).reshape(n * npar)
+            elif fixed_u0:
+                z[n:] = 0.0
+            else:
+                z[n:] = _initial_sensitivities(job, p_buf)[:, cols].ravel()
             rec = record(nz, job.obs_t)
-            status, t_end = loop(sys, tab, ctl, job.sched.stops, z, rec)
+            args = (sys, tab, ctl, job.sched.stops, z, rec)
+            if entry:
+                status, t_end = entry[0](*args)
+            else:
+                status, t_end = loop(*args)
+                entry.append(entry_point(loop, args))
             if status != 0:
                 raise SolveFailed(f"ForwardSensitivity: the augmented solve failed: "
                                   f"{STATUS_TEXT.get(int(status), status)}")

@@ -36,13 +36,23 @@ def observation_loss(job, data, loss, U, kern, pieces=None, rows=None):
 
     With `pieces` (and the observation `rows` of each), each observation's observables
     are computed under its piece's parameters (their gradient mapped back through it).
+    For data whose rows share times (replicates) ``U`` holds each distinct time once
+    (``job.obs_t``, `gradient._prepare`).
     """
     cols = data.columns(job.model)
     T, n = U.shape
+    # rows sharing a time (replicates, `Data(repeated_times=True)`): the solve saved each
+    # time once (``job.obs_t``); the loss sees every row, and the rows' dL/du at one time
+    # add into that time's jump
+    inv = np.searchsorted(job.obs_t, data.t) if data.repeated else None
     if data.kind == "states":
-        value, ybar, pdir = loss(U[:, cols], data, job.p, job.model)
+        value, ybar, pdir = loss((U if inv is None else U[inv])[:, cols], data, job.p,
+                                 job.model)
         G = np.zeros((T, n))
-        G[:, cols] = ybar
+        if inv is None:
+            G[:, cols] = ybar
+        else:
+            np.add.at(G, (inv[:, None], cols[None, :]), ybar)
         return value, G, pdir
     if pieces is None:
         pieces, rows = [None], [np.arange(T)]
@@ -55,9 +65,12 @@ def observation_loss(job, data, loss, U, kern, pieces=None, rows=None):
             observe_along(kern, job.p if pc is None else pc.p, ws, Yk, job.obs_t[idx],
                           np.ascontiguousarray(U[idx]))
             Y[idx] = Yk
-    value, ybar, pdir = loss(Y[:, cols], data, job.p, model)
+    value, ybar, pdir = loss((Y if inv is None else Y[inv])[:, cols], data, job.p, model)
     Ybar = np.zeros_like(Y)
-    Ybar[:, cols] = ybar
+    if inv is None:
+        Ybar[:, cols] = ybar
+    else:
+        np.add.at(Ybar, (inv[:, None], cols[None, :]), ybar)
     G = np.zeros((T, n))
     pobs = np.zeros(job.n_params)
     for pc, idx in zip(pieces, rows):
@@ -186,7 +199,7 @@ def chained(job, data, loss, sensealg, grad=True):
             idx = np.flatnonzero(in_span(obs, lo, hi, last))
             t_k = obs[idx] if last else np.append(obs[idx], hi)  # its end carries on
             jk = replace(job, prob=q, p=pc.p, sched=common.schedule(q), obs_t=t_k)
-            st = sensealg.forward(jk) if grad else adjoints._forward.values(jk)
+            st = sensealg.forward(jk) if grad else adjoints.values(jk)
             if st.status != 0:
                 raise adjoints.SolveFailed(f"the forward solve of piece {k} stopped at t = "
                                            f"{st.t_end:g}")

@@ -131,7 +131,7 @@ def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=
                 return np.inf
             total += v
             continue
-        fw = adjoints._forward.values(job)
+        fw = adjoints.values(job)
         if fw.status != 0:
             return np.inf
         total += observation_loss(job, d, loss, fw.u, fw.sys.m.kern)[0]
@@ -332,18 +332,16 @@ def _prepare(prob, data, loss, solver, sensealg, rtol, atol, params, threads, ma
         theta = float_vector(params, model.n_params, "loss_and_grad", "params",
                              f"length {model.n_params} (model.n_params)")
     jobs = []
-    for i, (p, d) in enumerate(zip(probs, datas)):
+    for p, d in zip(probs, datas):
         d.columns(p.model)  # a clear error for unknown names, before any solve
-        if d.repeated:
-            raise ValueError(f"loss_and_grad: `data`{f' [{i}]' if len(datas) > 1 else ''} has "
-                             "rows sharing a time (replicates); merge them into their mean "
-                             "(read_events(..., duplicates='mean')) or fit with sciml.nlme")
         if d.kind == "observables":
             p.model.kernel_table("obs", "obs_vjp")
-        jobs.append((adjoints._forward.Job(
+        # replicates (rows sharing a time): each time solved once, every row in the loss
+        # (`chained.observation_loss`)
+        jobs.append((adjoints.Job(
             p, p.params if theta is None else theta, common.schedule(p), solver, rtol,
             check_atol(atol, p.model.n_states), None if dt is None else float(dt), max_steps,
-            d.t), d))
+            np.unique(d.t) if d.repeated else d.t), d))
     nt = Threads(threads).n
     return jobs, loss, sensealg, min(nt, len(jobs))
 

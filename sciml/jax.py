@@ -782,6 +782,11 @@ def loss_and_grad(prob, data, loss=None, solver="Tsit5", adjoint="recursive_chec
     items, keys, tols = [], [], {}
     for i, (p, d) in enumerate(zip(probs, datas)):
         d.check_span(p.tspan, where=f"data[{i}]" if many else "data")
+        if d.repeated:
+            raise ValueError(f"sciml.jax.loss_and_grad: `data`{f'[{i}]' if many else ''} has "
+                             "rows sharing a time (replicates); the numba path "
+                             "(sciml.loss_and_grad) takes them, or merge them with "
+                             "read_events(..., duplicates='mean')")
         cols = tuple(int(c) for c in d.columns(p.model))
         a = _problem_arrays(p, d.t)
         items.append(a)

@@ -338,6 +338,9 @@ class ODEProblem:
             return self._u0.copy()
         if self._u0_table is None:  # a steady state, or a state carried from elsewhere
             return self._u0_fn.state(self, np.asarray(params, dtype=np.float64))
+        direct = _initial_numpy(self._u0_trace)
+        if direct is not None:
+            return direct.state(params)
         table = self.kernel_table()
         z = np.empty(self.model.n_states)
         call(table, "init", (z, z, params), 0.0, self.model.workspace())
@@ -363,6 +366,9 @@ class ODEProblem:
             return np.zeros((n, npar))
         if self._u0_table is None and hasattr(self._u0_fn, "initial_jacobian"):
             return self._u0_fn.initial_jacobian(self, np.asarray(params, dtype=np.float64))
+        direct = _initial_numpy(self._u0_trace) if self._u0_table is not None else None
+        if direct is not None:
+            return direct.jacobian(params, npar)
         return np.stack([self.initial_vjp(params, e) for e in np.eye(n)]) if n else \
             np.zeros((0, npar))
 
@@ -389,3 +395,87 @@ class ODEProblem:
         u0 = "u0=<function>" if self._u0_fn is not None else f"u0={self._u0.tolist()}"
         return (f"ODEProblem({type(self.model).__name__}, {u0}, "
                 f"tspan={self.tspan}, {len(self.doses)} dose(s))")
+
+
+def initial_function(model, initial, base, where):
+    """Initial values as a function of the parameters, for `ODEProblem(u0=...)`:
+    ``initial`` maps states to a parameter name (``{"effect": "e0"}``: nlmixr2's
+    ``effect(0) <- e0``), a function of the parameters (``lambda p: p.e0 / p.kout``,
+    traced) or a number; the other states start at ``base`` (n_states,). ``where``
+    prefixes the messages (``"read_events"``, ``"NLME"``)."""
+    if not isinstance(initial, dict) or not initial:
+        raise TypeError(f"{where}: `initial` must be a dict {{state: parameter name, function "
+                        f"of p or number}}, got {initial!r}")
+    base = np.array(base, dtype=np.float64)
+    rules = []
+    for state, v in initial.items():
+        if state not in model.states:
+            raise ValueError(f"{where}: `initial` names {state!r}, not a state of the model "
+                             f"({', '.join(model.states)})")
+        if isinstance(v, str):
+            if v not in model.params:
+                raise ValueError(f"{where}: `initial[{state!r}]` is {v!r}, not a parameter of "
+                                 f"the model ({', '.join(model.params) or 'none'})")
+        elif not callable(v) and not (isinstance(v, (int, float, np.integer, np.floating))
+                                      and not isinstance(v, bool) and np.isfinite(v)):
+            raise TypeError(f"{where}: `initial[{state!r}]` must be a parameter name, a "
+                            f"function of the parameters or a finite number, got {v!r}")
+        rules.append((model.states.index(state), v))
+
+    def u0(p):
+        out = [float(x) for x in base]
+        for i, v in rules:
+            out[i] = getattr(p, v) if isinstance(v, str) else (v(p) if callable(v) else float(v))
+        return out
+
+    u0.__name__ = f"initial values ({', '.join(initial)})"
+    return u0
+
+
+class _InitialNumpy:
+    """Initial values without networks and their Jacobian as numpy functions of the few
+    parameters they read (sympy ``lambdify``): what a solve that starts from them calls
+    once, where the kernels' ctypes calls (one reverse pass per state) cost more than
+    the solve of a small model."""
+
+    def __init__(self, trace):
+        import sympy
+
+        used = sorted(set().union(*(e.free_symbols for e in trace.exprs)) & set(trace.p),
+                      key=list(trace.p).index)
+        self.cols = np.array([list(trace.p).index(s) for s in used], dtype=np.int64)
+        self.n = len(trace.exprs)
+        self._value = sympy.lambdify([used], list(trace.exprs), modules="numpy")
+        self._jac = sympy.lambdify([used], [[sympy.diff(e, s) for s in used]
+                                            for e in trace.exprs], modules="numpy")
+
+    def state(self, params):
+        return np.array(self._value(np.asarray(params, dtype=np.float64)[self.cols]),
+                        dtype=np.float64).reshape(self.n)
+
+    def jacobian(self, params, n_params):
+        out = np.zeros((self.n, n_params))
+        if self.cols.size:
+            out[:, self.cols] = np.array(
+                self._jac(np.asarray(params, dtype=np.float64)[self.cols]),
+                dtype=np.float64).reshape(self.n, self.cols.size)
+        return out
+
+
+_INITIAL_NUMPY = {}
+
+
+def _initial_numpy(trace):
+    """`_InitialNumpy` of a traced initial-value function, or None where it calls networks
+    (their kernels then serve); one per distinct traced expressions."""
+    if trace is None or trace.calls:
+        return None
+    hit = _INITIAL_NUMPY.get(id(trace))  # by identity: hashing sympy trees costs more
+    if hit is not None and hit[0] is trace:
+        return hit[1]
+    key = (trace.exprs, trace.p)
+    out = _INITIAL_NUMPY.get(key)
+    if out is None:
+        out = _INITIAL_NUMPY[key] = _InitialNumpy(trace)
+    _INITIAL_NUMPY[id(trace)] = (trace, out)
+    return out

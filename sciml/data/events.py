@@ -21,6 +21,7 @@ MDV         1 = not an observation (optional)
 II, ADDL    interdose interval and number of additional doses (optional)
 SS          steady state: only 0 is supported (optional)
 DVID        which output an observation measures (optional)
+OCC         occasion (optional): a step function of time (`occasion`)
 others      covariates (or only those named by ``covariates=``)
 ==========  ==============================================================
 
@@ -80,7 +81,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..problem import Bolus, Change, Infusion, ODEProblem, check_dose_times
+from ..problem import Bolus, Change, Infusion, ODEProblem, check_dose_times, initial_function
 from .censoring import flag_column, lloq_values, read_censoring
 from .observations import Data
 
@@ -408,7 +409,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
                 tspan=None, u0=None, *, id_col="ID", time_col="TIME", dv_col="DV",
                 obs_col=None, duplicates="keep", time_varying="first", reset="error",
                 covariate_params=None, interpolation="locf", censored=None, lloq=None,
-                limit=None):
+                limit=None, occasion=None, initial=None):
     """Read an event table into one `Subject` (problem, data, covariates) per subject.
 
     Parameters
@@ -499,6 +500,19 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         lower end of a censored value's interval. Missing or ``-inf`` is the M3
         likelihood's ``(-inf, LLOQ)``; a finite lower end (M3 on an interval)
         is refused for now.
+    initial : dict, optional
+        Initial states that are expressions of the parameters, nlmixr2's
+        ``effect(0) <- e0``: ``{state: parameter name}``, or a function of the
+        parameters (``{"effect": lambda p: p.e0}``, traced), or a number; the
+        other states start at `u0`. Each subject's problem then has ``u0`` as a
+        function (`sciml.ODEProblem`), with exact gradients through it.
+    occasion : str or False, optional
+        The occasion column (default: an ``OCC`` column when there is one; False
+        reads it as an ordinary covariate). Its value is a step function of time
+        whatever `time_varying` says, always last observation carried forward (an
+        occasion starts at its first record): in `Subject.covariate_series` when
+        it changes within a subject, its value at the start in
+        `Subject.covariates`. `sciml.nlme.NLME(iov=, occasion=)` reads it.
 
     Returns
     -------
@@ -546,6 +560,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         time_varying = "first"
     comp = _compartments(compartments, model)
     obs_kind, obs_names, obs_map = _observables(observable, model)
+    initial = None if initial is None else _initial_functions(model, initial)
     tab = _Table(table)
 
     # Required columns, with the names the caller chose for ID / TIME / DV.
@@ -569,9 +584,10 @@ def read_events(table, model, compartments, observable=None, params=None, covari
     cens_col = flag_column(tab, censored, "CENS", "censored")
     limit_col = flag_column(tab, limit, "LIMIT", "limit")
     limits, lloq_col = lloq_values(tab, lloq)
+    occ_col = flag_column(tab, occasion, "OCC", "occasion")
     used = {c for c in cols.values() if c is not None} | {key_col, cens_col, limit_col,
-                                                           lloq_col}
-    cov_cols = _covariate_columns(covariates, tab, used)
+                                                           lloq_col, occ_col}
+    cov_cols = [c for c in _covariate_columns(covariates, tab, used) if c != occ_col]
 
     # Parse the columns (errors name the first bad entry).
     num = {}
@@ -637,6 +653,9 @@ def read_events(table, model, compartments, observable=None, params=None, covari
         cov = _subject_covariates(tab, ids[rows[0]], rows, cov_cols, time_varying, varying)
         series = {} if time_varying is not True else \
             _covariate_series(tab, rows, cov_cols, time, interpolation)
+        if occ_col is not None:  # a step function of time, always LOCF
+            cov.update(_subject_covariates(tab, ids[rows[0]], rows, [occ_col], True, {}))
+            series.update(_covariate_series(tab, rows, [occ_col], time, "locf"))
         for occ, seg in enumerate(ctx.occasions(rows)):
             doses, (data, flags, lim), t_first, t_last, n_late, empty = ctx.segment(seg)
             late_obs += n_late
@@ -646,7 +665,7 @@ def read_events(table, model, compartments, observable=None, params=None, covari
             t_start = t_first if tspan is None else float(tspan[0])
             cov_k = _covariates_at(cov, series, t_start) if series else cov
             prob = _problem(model, doses, data, t_first, t_last, cov_k, who, params, u0, tspan,
-                            covariate_params, series)
+                            covariate_params, series, initial)
             if data is None:
                 no_data.append(who)
             subjects.append(Subject(sid, prob, data, cov_k, occ,
@@ -983,7 +1002,7 @@ class _Ctx:
 
 
 def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, rules,
-             series):
+             series, initial=None):
     if params is None:
         if model.params:
             raise ValueError("read_events: give `params` (the flat theta, e.g. from "
@@ -1007,6 +1026,8 @@ def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, r
                              "give `tspan` to say how long to simulate")
     else:
         span = tspan
+    if initial is not None:
+        x0 = initial(x0)
     prob = ODEProblem(model, x0, span, theta)
     if series:
         if callable(params):
@@ -1030,3 +1051,20 @@ def _problem(model, doses, data, t_first, t_last, cov, who, params, u0, tspan, r
     if data is not None:
         data.check_span(prob.tspan, where=f"read_events: {who}")
     return prob
+
+
+
+def _initial_functions(model, initial):
+    """``base -> u0 function`` of `problem.initial_function` for ``initial``, one function
+    per distinct base: a table's subjects share it, so it is traced once."""
+    initial_function(model, initial, np.zeros(model.n_states), "read_events")  # checked
+    made = {}
+
+    def of(base):
+        base = np.array(base, dtype=np.float64)
+        key = base.tobytes()
+        if key not in made:
+            made[key] = initial_function(model, initial, base, "read_events")
+        return made[key]
+
+    return of

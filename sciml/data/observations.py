@@ -28,9 +28,10 @@ class Data:
     weights : array_like, optional
         Non-negative weights broadcast to ``y``'s shape, used by `sciml.SSE`.
     repeated_times : bool
-        Allow rows that share a time (replicate observations, as NONMEM reads them:
-        `sciml.nlme` takes each as an observation of its own). `loss_and_grad` and
-        `fit` refuse such data (merge replicates with ``read_events(duplicates="mean")``).
+        Allow rows that share a time (replicate observations, as NONMEM reads them):
+        each row is an observation of its own in `sciml.nlme`, `loss_and_grad` and `fit`
+        (the solve saves each distinct time once; the loss counts every row).
+        `sciml.jax.loss_and_grad` refuses them.
 
     Examples
     --------

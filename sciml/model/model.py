@@ -372,10 +372,21 @@ class Model:
     def initial_table(self, fn):
         """``(kernel table, trace)`` for problems whose initial values are ``fn(p, nets)``
         (traced; problems with the same traced initial values share their kernels)."""
+        memo = self.__dict__.setdefault("_initial_memo", {})
+        try:
+            if fn in memo:  # one function for many problems (a population's subjects)
+                return memo[fn]
+        except TypeError:  # an unhashable callable: traced each time
+            memo = {}
         trace = trace_initial(fn, self._states, self._params, self._nets)
         specs, n_params = self._net_specs(self._nets, len(self._params))
         key = (trace.exprs, tuple((c.net, c.inputs, c.outputs) for c in trace.calls))
-        return self._asm.initial(key, lambda: KernelSet(trace, specs, n_params)), trace
+        out = self._asm.initial(key, lambda: KernelSet(trace, specs, n_params)), trace
+        try:
+            memo[fn] = out
+        except TypeError:
+            pass
+        return out
 
     def linked_code(self):
         """The right-hand side's IR for the lean solve's fused path

@@ -5,8 +5,9 @@
   ``psi = (theta, sigma, network weights)``, from the ODE's forward
   sensitivities) and to second order (``d2f/deta2``, ``d2f/deta dpsi``): the
   chain rule through the individual function (exact, sympy) and the ODE's
-  second-order sensitivities ``d2f/dphi dp``, central differences of the
-  first-order ones over the k individual parameters (2 k extra solves).
+  second-order sensitivities along the directions ``dphi/deta_a`` (`directional`:
+  central differences of the first-order ones, 2 n_eta extra solves, whatever the
+  number of individual parameters or of pieces of the record).
 - `curvatures`: third-order terms, second differences of the sensitivities
   along given directions of phi.
 - `variance_terms`: the residual variances ``R(f)``, ``R'``, ``R''`` and their
@@ -159,56 +160,74 @@ def variance_terms(errors, sds, err_index, f):
 
 
 def _sensitivities(s, phi):
-    """``df/dp`` (m, n_params) in every model parameter at individual parameters ``phi``."""
+    """``df/dQ`` (m, n_q) in the subject's columns (`predict`: the stacked individual
+    parameters, then the estimated weights) at individual parameters ``phi``."""
     return s.sf.predict(phi, True, s.weights, s.weight_index, full=True)[1]
 
 
-def _second_order(s, phi):
-    """``d2f/dphi dp`` (m, k, n_params): central differences over the k individual
-    parameters of the sensitivities to every model parameter."""
+def directional(s, phi, V):
+    """``sum_k V_kc d2f/dphi_k dQ`` (m, n_dir, n_q), the derivatives of the sensitivities
+    in the subject's columns along the columns ``V_c`` (n_phi, n_dir) of individual
+    parameter space: central differences, the step such that phi's largest relative
+    change is `_FD_PHI` (zero, without a solve, along a zero column)."""
+    scale = np.maximum(np.abs(phi), 1e-3)
     out = []
-    for ell in range(phi.shape[0]):
-        d = np.zeros_like(phi)
-        d[ell] = _FD_PHI * max(abs(phi[ell]), 1e-3)
-        out.append((_sensitivities(s, phi + d) - _sensitivities(s, phi - d)) / (2 * d[ell]))
-    return np.stack(out, axis=1)
+    for v in V.T:
+        big = np.max(np.abs(v) / scale)
+        if big == 0.0:
+            out.append(None)
+            continue
+        h = _FD_PHI / big
+        out.append((_sensitivities(s, phi + h * v) - _sensitivities(s, phi - h * v)) / (2 * h))
+    shape = next((o.shape for o in out if o is not None), None)
+    if shape is None:
+        shape = _sensitivities(s, phi).shape
+    return np.stack([np.zeros(shape) if o is None else o for o in out], axis=1)
 
 
 class Local:
     """A subject's predictions at one ``eta`` and their derivatives.
 
-    First order: ``f`` (m,), ``Fp = df/dp`` (m, n_params), ``F = df/dphi`` (m, k),
+    The individual parameters are the subject's stacked ``Phi`` (`predict`: k per piece
+    of its record, n_phi in all); the derivatives are in the subject's columns
+    ``Q = (Phi, w)`` (the estimated network weights w last), ``phi_cols`` and
+    ``w_cols`` the two slices.
+
+    First order: ``f`` (m,), ``Fp = df/dQ`` (m, n_q), ``F = df/dPhi`` (m, n_phi),
     ``G = df/deta`` (m, n_eta), ``df`` (m, n_pop): ``df/dpsi`` in the population
     directions (thetas, residual sds, estimated weights; zero for the sds); the
-    individual function's ``phi``, ``pe = dphi/deta``, ``pt = dphi/dtheta``. With
-    ``second``: ``F2p = d2f/dphi dp`` (m, k, n_params), ``F2`` its symmetric phi block,
-    ``pee``, ``pet`` (``d2phi/deta2``, ``d2phi/deta dtheta``), ``Gee = d2f/deta2``
-    (m, n_eta, n_eta) and ``dG = dG/dpsi`` (m, n_eta, n_pop).
+    individual function's ``phi``, ``pe = dPhi/deta``, ``pt = dPhi/dtheta``. With
+    ``second``: ``DF = d/deta_a df/dQ`` along the individual parameters' own change
+    (m, n_eta, n_q; `directional` along the columns of pe), ``pee``, ``pet``
+    (``d2Phi/deta2``, ``d2Phi/deta dtheta``), ``Gee = d2f/deta2`` (m, n_eta, n_eta)
+    and ``dG = dG/dpsi`` (m, n_eta, n_pop). With ``F2 = d2f/dPhi2``:
+    ``Gee_j = pe^T F2_j pe + F_j pee`` (symmetrised), ``dG/dtheta_j = pe^T F2_j pt +
+    F_j pet`` and ``dG/dw_j = pe^T d2f_j/dPhi dw``, each a contraction of DF.
     """
 
     def __init__(self, s, eta, second=True):
-        ind, sf = s.sf.individual, s.sf
+        sf = s.sf
+        ind = sf.ind
         self.eta = eta
-        self.phi, self.pe, self.pt = ind.derivatives(s.theta, eta, sf.cov)
+        self.phi, self.pe, self.pt = ind.derivatives(s.theta, eta)
         self.f, self.Fp = sf.predict(self.phi, True, s.weights, s.weight_index, full=True)
-        self.wi = s.weight_index if s.weights is not None else np.zeros(0, dtype=np.int64)
+        n_phi = self.phi.shape[0]
+        self.phi_cols = slice(0, n_phi)
+        self.w_cols = slice(n_phi, self.Fp.shape[1])
         self.n_sigma = sum(len(sd) for sd in s.sd)
-        self.F = self.Fp[:, ind.index]
+        self.F = self.Fp[:, self.phi_cols]
         self.G = self.F @ self.pe
-        self.df = self.population(self.F @ self.pt, self.Fp[:, self.wi])
+        self.df = self.population(self.F @ self.pt, self.Fp[:, self.w_cols])
         if not second:
             return
-        self.pee, self.pet = ind.second_derivatives(s.theta, eta, sf.cov)
-        self.F2p = _second_order(s, self.phi)
-        F2 = self.F2p[:, :, ind.index]
-        self.F2 = F2 = 0.5 * (F2 + F2.transpose(0, 2, 1))
-        pe = self.pe
-        self.Gee = np.einsum("jkl,ka,lc->jac", F2, pe, pe) + np.einsum("jk,kac->jac", self.F,
-                                                                         self.pee)
-        Get = np.einsum("jkl,ka,lb->jab", F2, pe, self.pt) + np.einsum("jk,kab->jab", self.F,
-                                                                         self.pet)
-        Gw = np.einsum("jkw,ka->jaw", self.F2p[:, :, self.wi], pe)
-        self.dG = self.population(Get, Gw)
+        self.pee, self.pet = ind.second_derivatives(s.theta, eta)
+        self.DF = directional(s, self.phi, self.pe)
+        pe, DFphi = self.pe, self.DF[:, :, self.phi_cols]
+        Gee = np.einsum("jak,kc->jac", DFphi, pe) + np.einsum("jk,kac->jac", self.F, self.pee)
+        self.Gee = 0.5 * (Gee + Gee.transpose(0, 2, 1))
+        Get = np.einsum("jak,kb->jab", DFphi, self.pt) + np.einsum("jk,kab->jab", self.F,
+                                                                     self.pet)
+        self.dG = self.population(Get, self.DF[:, :, self.w_cols])
 
     def population(self, theta_part, weight_part, sigma_part=None):
         """An array over the population directions (last axis) from its theta, weight and
@@ -226,7 +245,7 @@ def hessian(loc, L1, L2, omega_inv):
 
 
 def curvatures(s, loc, V):
-    """``d2/dh2 df/dp (phi + h V_c)`` (m, n_dirs, n_params) for the columns ``V_c`` of V:
+    """``d2/dh2 df/dQ (phi + h V_c)`` (m, n_dirs, n_q) for the columns ``V_c`` of V:
     central second differences, the largest relative change of phi `_FD_CURV`."""
     scale = np.maximum(np.abs(loc.phi), 1e-3)
     out = []
@@ -238,13 +257,13 @@ def curvatures(s, loc, V):
 
 
 def individual_third(s, loc, A):
-    """``(dN/dtheta (k, n_theta), dN/deta (k, n_eta))`` of ``N_k = sum_ac A_ac
+    """``(dN/dtheta (n_phi, n_theta), dN/deta (n_phi, n_eta))`` of ``N_k = sum_ac A_ac
     d2phi_k/deta_a deta_c`` at fixed A: central differences of the individual function's
     exact second derivatives (smooth closed forms: accurate to about 1e-10)."""
-    ind, cov = s.sf.individual, s.sf.cov
+    ind = s.sf.ind
 
     def N(theta, eta):
-        return np.einsum("kac,ac->k", ind.second_derivatives(theta, eta, cov)[0], A)
+        return np.einsum("kac,ac->k", ind.second_derivatives(theta, eta)[0], A)
 
     def columns(x, point):
         out = np.zeros((loc.phi.shape[0], x.shape[0]))

@@ -43,8 +43,10 @@ optimum; kept, the result is the derivative of what was computed),
 - through the model parameters p (phi, the weights) at fixed M and N:
   ``tau_p = sum_j e_j (sum_c lam_c d2/dh2 S_jp(phi + h V_c) + sum_k F2p_jkp N_k)``,
   ``S = df/dp``; the curvatures along ``V_c`` are second differences of the
-  sensitivities (2 n_eta extra solves);
-- through pe: ``2 sum((Y pe A) * dpe)``, ``Y = sum_j e_j F2_j``, ``dpe = pet`` (theta)
+  sensitivities (2 n_eta extra solves), the last sum their derivative along N
+  (`derivatives.directional`, 2 more);
+- through pe: ``2 sum((Y pe A) * dpe)``, ``Y = sum_j e_j F2_j`` (``Y pe`` from the
+  derivatives along pe's columns, `derivatives.Local.DF`), ``dpe = pet`` (theta)
   or ``pee`` (eta);
 - through pee: ``(e F).dN``, dN by central differences of the individual function's
   exact second derivatives;
@@ -69,17 +71,20 @@ the Hessian inside being made of differenced sensitivities whose rounding, about
 ``dl' = 2 e/R0**2 dR0``), ``dmu/deta_c = -Gee_c eta`` and ``u = K^-1 dOFV/deta``;
 Gamma gains ``Oe Ou^T + Ou Oe^T``.
 
-All need the predictions' second derivatives (`derivatives.Local`: 2 k extra
-sensitivity solves for k individual parameters); FOCE with a variance that moves
+All need the predictions' second derivatives (`derivatives.Local`: 2 n_eta extra
+sensitivity solves); FOCE with a variance that moves
 with f also the sensitivities at eta = 0.
 """
 
 import numpy as np
 
+from adjoints import SolveFailed
+
 from .derivatives import (
     Change,
     Local,
     curvatures,
+    directional,
     hessian,
     individual_third,
     residual_jets,
@@ -88,13 +93,51 @@ from .derivatives import (
 
 
 def gradient(s, eta):
-    """``(dOFV/dpsi (n_theta + n_sigma + n_w,), Gamma (n_eta, n_eta))`` of the subject ``s``
-    (`likelihood.Subject`, any method) at its estimate ``eta``: the population directions
-    thetas, residual sds, estimated network weights; ``dOFV = tr(Gamma dOmega)`` for
-    symmetric changes of Omega."""
+    """``(dOFV/dpsi (n_theta + n_sigma + n_w,), Gamma (n_eta, n_eta), start)`` of the
+    subject ``s`` (`likelihood.Subject`, any method) at its estimate ``eta``: the
+    population directions thetas, residual sds, estimated network weights;
+    ``dOFV = tr(Gamma dOmega)`` for symmetric changes of Omega; ``start`` the `EtaStart`
+    that predicts the estimate at other parameters (the estimate itself for FO)."""
     if s.method in ("fo", "foce"):
         return _linearised(s, s.local(eta))
     return _laplace_type(s, s.local(eta))
+
+
+class EtaStart:
+    """Where a subject's empirical Bayes estimate moves when the population parameters do:
+    to first order ``eta_hat + d eta_hat = eta_hat - K^-1 (dg/dpsi dpsi + 2 dOmega^-1
+    eta_hat)``, the implicit derivative of ``g(eta_hat, psi) = 0`` (module docstring; ``K``
+    the exact Hessian in eta, ``psi`` the thetas, sds and weights, ``dOmega^-1`` the change
+    of Omega's inverse). The next estimate starts there: the outer optimiser's steps and
+    the covariance step's differences then cost the estimates one or two iterations."""
+
+    def __init__(self, eta, psi, omega_inv, K=None, dg=None, H=None):
+        self.eta, self.psi, self.omega_inv = eta, psi, omega_inv
+        self.Kinv = np.linalg.inv(K) if K is not None else None
+        self.A = None if K is None else self.Kinv @ dg
+        # the residuals' curvature that scoring's Hessian 2 H leaves out (`Subject.ebe`)
+        self.curvature = None if K is None or H is None else K - 2.0 * H
+
+    @staticmethod
+    def psi_of(s):
+        """The population vector (thetas, sds, weights) of the subject ``s``."""
+        parts = [s.theta, [v for sd in s.sd for v in sd]]
+        if s.weights is not None:
+            parts.append(s.weights)
+        return np.concatenate([np.asarray(p, dtype=float) for p in parts])
+
+    def at(self, s):
+        """The predicted estimate at the parameters of the subject ``s`` (the last one when
+        the prediction is not finite)."""
+        if self.A is None:
+            return self.eta
+        psi = self.psi_of(s)
+        if psi.shape != self.psi.shape or self.eta.shape[0] != s.omega_inv.shape[0]:
+            return self.eta
+        d = self.A @ (psi - self.psi) + self.Kinv @ (2.0 * (s.omega_inv - self.omega_inv)
+                                                   @ self.eta)
+        out = self.eta - d
+        return out if np.all(np.isfinite(out)) else self.eta
 
 
 def _variances(s, f):
@@ -103,7 +146,8 @@ def _variances(s, f):
 
 def _in_sigma(loc, parts):
     """Per-sd arrays (m, n_sigma) placed in the population directions (zero elsewhere)."""
-    m, nt, nw = loc.f.shape[0], loc.pt.shape[1], loc.wi.shape[0]
+    m, nt = loc.f.shape[0], loc.pt.shape[1]
+    nw = loc.w_cols.stop - loc.w_cols.start
     return [loc.population(np.zeros((m, nt)), np.zeros((m, nw)), p) for p in parts]
 
 
@@ -136,9 +180,10 @@ def _laplace_type(s, loc):
     L0, L1, L2, w = residual_jets(s.sf.y, loc.f, vt.R, vt.R1, vt.R2, s.cens)
     dr = Change(*_in_sigma(loc, (vt.Rs, vt.R1s, vt.R2s)))
     K = hessian(loc, L1.v, L2.v, Oi)
+    scoring = Oi + G.T @ (w.v[:, None] * G)  # `Subject.evaluate`'s H
     if s.method == "focei":
         d, e = w, None
-        H = Oi + G.T @ (w.v[:, None] * G)
+        H = scoring
     else:
         d, e = L2.scaled(0.5), L1.scaled(0.5)
         H = 0.5 * K
@@ -150,27 +195,27 @@ def _laplace_type(s, loc):
         tr, v = tr + t_pop, v + t_eta
     g = G.T @ L1.v + 2.0 * Oi @ eta
     u = np.linalg.solve(K, v + g)
-    d_pop = (L1.v @ loc.df + np.sum(L0.change(None, dr), axis=0) + tr
-             - u @ _implicit(loc, L1, dr))
+    dg = _implicit(loc, L1, dr)
+    d_pop = (L1.v @ loc.df + np.sum(L0.change(None, dr), axis=0) + tr - u @ dg)
     Oe = Oi @ eta
     gamma = Oi - np.outer(Oe, Oe) - Oi @ Hi @ Oi + _omega_implicit(Oi, eta, u)
-    return d_pop, gamma
+    return d_pop, gamma, EtaStart(eta, EtaStart.psi_of(s), Oi, K, dg, scoring)
 
 
 def _third_order(s, loc, e, A):
     """``T3``: the change of ``sum_j e_j tr(A Gee_j)`` at fixed e and A, in the population
     directions (n_pop,) and in eta (n_eta,) (see the module docstring)."""
-    idx = s.sf.individual.index
+    idx = loc.phi_cols
     lam, vec = np.linalg.eigh(A)
-    D = curvatures(s, loc, loc.pe @ vec)                    # (m, n_eta, n_params)
+    D = curvatures(s, loc, loc.pe @ vec)                    # (m, n_eta, n_q)
     N = np.einsum("kac,ac->k", loc.pee, A)
-    tau = np.einsum("j,jcp,c->p", e, D, lam) + np.einsum("j,jkp,k->p", e, loc.F2p, N)
-    YpA = 2.0 * np.einsum("j,jkl->kl", e, loc.F2) @ loc.pe @ A  # (k, n_eta)
+    tau = np.einsum("j,jcp,c->p", e, D, lam) + e @ directional(s, loc.phi, N[:, None])[:, 0]
+    YpA = 2.0 * np.einsum("j,jak->ka", e, loc.DF[:, :, idx]) @ A  # Y pe A, (n_phi, n_eta)
     eF = e @ loc.F
     dN_theta, dN_eta = individual_third(s, loc, A)
     t_theta = tau[idx] @ loc.pt + np.einsum("ka,kab->b", YpA, loc.pet) + eF @ dN_theta
     t_eta = tau[idx] @ loc.pe + np.einsum("ka,kac->c", YpA, loc.pee) + eF @ dN_eta
-    return loc.population(t_theta, tau[loc.wi]), t_eta
+    return loc.population(t_theta, tau[loc.w_cols]), t_eta
 
 
 def _linearised(s, loc):
@@ -189,13 +234,17 @@ def _linearised(s, loc):
 
     d_pop = d_ofv(loc.df - np.einsum("jan,a->jn", loc.dG, eta), loc.dG, dR0)
     gamma = G.T @ P @ G
+    K = dg = scoring = None
     if s.method == "foce":
         _, L1, L2, _ = residual_jets(s.sf.y, loc.f, vt0.R, 0.0, 0.0)
         v = d_ofv(-np.einsum("jac,a->jc", loc.Gee, eta), loc.Gee)
-        u = np.linalg.solve(hessian(loc, L1.v, L2.v, Oi), v)
-        d_pop = d_pop - u @ _implicit(loc, L1, Change(dR0, None, None))
+        K = hessian(loc, L1.v, L2.v, Oi)
+        u = np.linalg.solve(K, v)
+        dg = _implicit(loc, L1, Change(dR0, None, None))
+        d_pop = d_pop - u @ dg
         gamma = gamma + _omega_implicit(Oi, eta, u)
-    return d_pop, gamma
+        scoring = Oi + G.T @ (G / vt0.R[:, None])  # `Subject.evaluate`'s H (R fixed at R0)
+    return d_pop, gamma, EtaStart(eta, EtaStart.psi_of(s), Oi, K, dg, scoring)
 
 
 def _population_prediction(s, loc):
@@ -207,3 +256,31 @@ def _population_prediction(s, loc):
     if not np.any(vt0.R1):
         return vt0, np.zeros_like(loc.df)
     return vt0, Local(s, np.zeros_like(loc.eta), second=False).df
+
+
+def subject_objective(subj, start):
+    """``(contribution to the objective, eta_hat)`` of one subject (`likelihood.Subject`)
+    from ``start`` (infinite where its solve fails)."""
+    try:
+        return subj.objective(*_eta0(start, subj))
+    except SolveFailed:  # parameters where this subject cannot be solved
+        return np.inf, _eta0(start, None)[0]
+
+
+def subject_gradient(subj, start):
+    """``(contribution, dOFV/dpsi, Gamma, EtaStart)`` of one subject (`gradient.gradient`);
+    ``(inf, None, None, start)`` where it cannot be solved."""
+    try:
+        value, eta = subj.objective(*_eta0(start, subj))
+        return (value,) + (gradient(subj, eta) if np.isfinite(value) else (None, None, eta))
+    except SolveFailed:  # parameters where this subject cannot be solved
+        return np.inf, None, None, start
+
+
+def _eta0(start, subject):
+    """``(first eta, curvature)`` of a subject's estimate (`likelihood.Subject.ebe`):
+    ``start`` itself (an array), or an `EtaStart`'s prediction at the parameters of
+    ``subject`` (its estimate where ``subject`` is None) and its curvature."""
+    if isinstance(start, EtaStart):
+        return (start.eta if subject is None else start.at(subject)), start.curvature
+    return start, None

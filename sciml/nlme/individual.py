@@ -154,11 +154,16 @@ class Individual:
         self.covariates = tuple(cv)
         exprs = [_expr(v, f"parameter {k!r}") for k, v in out.items()]
         ths = list(th.values()) + [w for ws in net_proxy.weights.values() for w in ws]
-        ets, cvs = list(et.values()), list(cv.values())
+        self._exprs, self._theta_syms, self._eta_syms = exprs, ths[:len(th)], list(et.values())
+        self._all_theta, self._cov_syms = ths, list(cv.values())
+        self._compile()
+
+    def _compile(self):
+        """The numpy functions of the expressions and their exact derivatives (sympy)."""
+        exprs, ths, ets = self._exprs, self._all_theta, self._eta_syms
         d_eta = [[_diff(e, s) for s in ets] for e in exprs]
         d_theta = [[_diff(e, s) for s in ths] for e in exprs]
-        self._exprs, self._theta_syms, self._eta_syms = exprs, ths[:len(th)], ets
-        args = [ths, ets, cvs]
+        args = [ths, ets, self._cov_syms]
         modules = [{"sigmoid": _expit}, "numpy"]
         self._values = sympy.lambdify(args, exprs, modules=modules, cse=True)
         self._derivs = sympy.lambdify(args, [exprs, d_eta, d_theta], modules=modules, cse=True)
@@ -166,6 +171,16 @@ class Individual:
         d2_et = [[[_diff(d, s) for s in ths] for d in row] for row in d_eta]
         self._second = sympy.lambdify(args, [d2_ee, d2_et], modules=modules, cse=True)
         self.n_eta, self.n_theta = len(ets), len(ths)
+
+    def __getstate__(self):
+        # pickled by its traced expressions (for worker processes and Dask): the numpy
+        # functions sympy generated are made again, and the user's function is not needed
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_values", "_derivs", "_second")}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._compile()
 
     # A line search may try an eta whose exp overflows: the solve then fails and the step
     # is shortened; numpy's overflow warning would only be noise.
@@ -225,29 +240,145 @@ class Individual:
         return (np.array(ee, dtype=float).reshape(k, self.n_eta, self.n_eta),
                 np.array(et, dtype=float).reshape(k, self.n_eta, self.n_theta))
 
-    def subject_covariates(self, subject):
-        """This subject's covariate vector (a clear error for one that is missing)."""
+    def covariate_vector(self, subject, t):
+        """The covariates it reads, of ``subject`` at time ``t`` (a time-varying covariate
+        at its value there: `sciml.data.Subject.covariates_at`), with a clear error for
+        one that is missing or not a number."""
         cov = getattr(subject, "covariates", None) or {}
         series = getattr(subject, "covariate_series", None) or {}
+        sid = getattr(subject, "id", "?")
+        now = subject.covariates_at(t) if series else cov
         out = []
         for name in self.covariates:
-            if name in series:
-                # per-segment individual parameters would need sensitivities carried across
-                # sciml.Change segments, which the forward sensitivities here do not do yet
-                raise ValueError(f"NLME: covariate {name!r} of subject "
-                                 f"{getattr(subject, 'id', '?')!r} changes with time "
-                                 "(read_events(..., time_varying=True)); `individual` takes "
-                                 "one value per subject: time-varying covariates are not "
-                                 "supported by sciml.nlme yet (read the table with "
-                                 "time_varying='first' for the first value)")
-            if name not in cov:
-                sid = getattr(subject, "id", "?")
+            if name not in now:
                 raise ValueError(f"NLME: subject {sid!r} has no covariate {name!r} (used by "
                                  f"`individual`); its covariates: {', '.join(cov) or '(none)'}")
             try:
-                out.append(float(cov[name]))
+                out.append(float(now[name]))
             except (TypeError, ValueError):
-                raise ValueError(f"NLME: covariate {name!r} of subject "
-                                 f"{getattr(subject, 'id', '?')!r} is {cov[name]!r}, not a "
-                                 "number") from None
+                raise ValueError(f"NLME: covariate {name!r} of subject {sid!r} is "
+                                 f"{now[name]!r} at t = {t:g}, not a number") from None
+            if not np.isfinite(out[-1]):
+                raise ValueError(f"NLME: covariate {name!r} of subject {sid!r} is "
+                                 f"{now[name]!r} at t = {t:g}; a finite number is needed")
         return np.array(out)
+
+
+class SubjectIndividual:
+    """The individual function as one subject sees it: its parameters in each of the
+    subject's pieces (`predict`), stacked, ``Phi = (phi_1, ..., phi_J)``.
+
+    Piece j has its covariates ``covs[j]`` and sees the random effects ``E_j b`` of the
+    subject's vector ``b`` (`Effects.maps`: its between-subject etas and its occasion's
+    etas added in; the identity without occasions, ``maps`` None). The derivatives in b
+    follow by the chain rule through the constant ``E_j``.
+    """
+
+    def __init__(self, ind, covs, maps=None):
+        self.ind, self.covs, self.maps = ind, covs, maps
+        self.index = ind.index
+        self.J = covs.shape[0]
+        self.simple = self.J == 1 and maps is None
+
+    def _seen(self, b, j):
+        return b if self.maps is None else self.maps[j] @ b
+
+    def values(self, theta, b):
+        """``Phi`` (J k,)."""
+        if self.simple:
+            return self.ind.values(theta, b, self.covs[0])
+        return np.concatenate([self.ind.values(theta, self._seen(b, j), self.covs[j])
+                               for j in range(self.J)])
+
+    def values_many(self, theta, B):
+        """``Phi`` of many random-effect vectors ``B`` (n, n_b): (n, J k)."""
+        n = B.shape[0]
+        return np.concatenate([
+            self.ind.values_many(theta, B if self.maps is None else B @ self.maps[j].T,
+                                 np.tile(self.covs[j], (n, 1)))
+            for j in range(self.J)], axis=1)
+
+    def derivatives(self, theta, b):
+        """``(Phi (J k,), dPhi/db (J k, n_b), dPhi/dtheta (J k, n_theta))``."""
+        if self.simple:
+            return self.ind.derivatives(theta, b, self.covs[0])
+        parts = []
+        for j in range(self.J):
+            phi, de, dt = self.ind.derivatives(theta, self._seen(b, j), self.covs[j])
+            parts.append((phi, de if self.maps is None else de @ self.maps[j], dt))
+        return tuple(np.concatenate(a) for a in zip(*parts))
+
+    def second_derivatives(self, theta, b):
+        """``(d2Phi/db2 (J k, n_b, n_b), d2Phi/db dtheta (J k, n_b, n_theta))``."""
+        if self.simple:
+            return self.ind.second_derivatives(theta, b, self.covs[0])
+        parts = []
+        for j in range(self.J):
+            ee, et = self.ind.second_derivatives(theta, self._seen(b, j), self.covs[j])
+            if self.maps is not None:
+                E = self.maps[j]
+                ee = np.einsum("kac,ax,cy->kxy", ee, E, E)
+                et = np.einsum("kab,ax->kxb", et, E)
+            parts.append((ee, et))
+        return tuple(np.concatenate(a) for a in zip(*parts))
+
+
+class Effects:
+    """The random effects of subjects with occasions: between-subject etas ``bsv`` (their
+    variances in Omega) and per occasion the etas ``iov`` (variances in the IOV matrix,
+    Pi), read from the ``column`` of each subject (`sciml.data.Subject.covariate_series`
+    or its constant covariate). A subject's vector is ``b = (eta, kappa_1, ...,
+    kappa_O)``, its prior ``N(0, blockdiag(Omega, Pi, ..., Pi))``; the individual
+    function's ``eta.NAME`` (traced names ``names``) is the subject's eta NAME plus, in
+    occasion o, its kappa_o NAME (either may be absent)."""
+
+    def __init__(self, names, bsv, iov, column):
+        self.names, self.bsv, self.iov, self.column = tuple(names), tuple(bsv), tuple(iov), \
+            column
+
+    def size(self, n_occ):
+        return len(self.bsv) + n_occ * len(self.iov)
+
+    def maps(self, occasions, n_occ):
+        """``E_j`` (n_names, n_b) of each piece's occasion."""
+        nb, ni = len(self.bsv), len(self.iov)
+        out = []
+        for o in occasions:
+            E = np.zeros((len(self.names), self.size(n_occ)))
+            for a, name in enumerate(self.names):
+                if name in self.bsv:
+                    E[a, self.bsv.index(name)] = 1.0
+                if name in self.iov:
+                    E[a, nb + o * ni + self.iov.index(name)] = 1.0
+            out.append(E)
+        return out
+
+    def occasions(self, subject):
+        """``(times the occasion changes, t -> occasion index)`` of ``subject``: its
+        occasions numbered 0, 1, ... in the order they start."""
+        sid = getattr(subject, "id", "?")
+        series = (getattr(subject, "covariate_series", None) or {}).get(self.column)
+        if series is None:
+            cov = getattr(subject, "covariates", None) or {}
+            if self.column not in cov:
+                raise ValueError(f"NLME: subject {sid!r} has no occasion column "
+                                 f"{self.column!r} (`occasion`); its columns: "
+                                 f"{', '.join(cov) or '(none)'}")
+            return set(), lambda t: 0
+        times, vals = (np.asarray(series[0], dtype=float), list(series[1]))
+        t0, tf = subject.problem.tspan
+        keep = [j for j in range(len(times)) if j == 0 or t0 < times[j] < tf]
+        order = []
+        for j in keep:
+            if vals[j] not in order:
+                order.append(vals[j])
+            elif order[-1] != vals[j]:
+                raise ValueError(f"NLME: subject {sid!r} returns to occasion {vals[j]!r} at "
+                                 f"t = {times[j]:g} after another one; an occasion is one "
+                                 "stretch of time (number the occasions in order)")
+
+        def at(t):
+            j = int(np.searchsorted(times, t, side="right")) - 1
+            return order.index(vals[max(j, 0)])
+
+        return {float(times[j]) for j in keep if t0 < times[j] < tf}, at

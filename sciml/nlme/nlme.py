@@ -10,9 +10,11 @@ the last one found. The outer optimiser (BFGS) follows the objective's exact
 gradient (`gradient`), for every method.
 """
 
+import contextlib
 import copy
 import math
 import os
+import sys
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy import optimize
 
-from adjoints._forward import SolveFailed
+from sciml._validate import positive_number
+from sciml.problem import initial_function
 from sciml.solvers.erk import Tsit5
 
+from . import bfgs
 from .errors import ErrorModel
-from .gradient import gradient
-from .individual import Individual
+from .gradient import subject_gradient, subject_objective
+from .individual import Effects, Individual
 from .likelihood import METHODS, Subject
 from .predict import SubjectFit
 from .results import NLMEFit
@@ -33,31 +37,32 @@ from .results import NLMEFit
 __all__ = ["NLME"]
 
 
-def _omega_blocks(omega):
-    """``[(names, matrix)]`` from ``{name: variance, (name, ...): matrix}``, checked."""
+def _omega_blocks(omega, what="omega"):
+    """``[(names, matrix)]`` from ``{name: variance, (name, ...): matrix}``, checked (``what``:
+    the argument's name in messages)."""
     if not isinstance(omega, dict) or not omega:
-        raise TypeError("NLME: `omega` must be a non-empty dict {eta name: variance} (or "
+        raise TypeError(f"NLME: `{what}` must be a non-empty dict {{eta name: variance}} (or "
                         "{(eta names): covariance matrix} for a block)")
     blocks, seen = [], set()
     for key, value in omega.items():
         names = (key,) if isinstance(key, str) else tuple(key)
         if not names or not all(isinstance(n, str) and n.isidentifier() for n in names):
-            raise ValueError(f"NLME: `omega` key {key!r} must be an eta name or a tuple of them")
+            raise ValueError(f"NLME: `{what}` key {key!r} must be an eta name or a tuple of them")
         dup = seen.intersection(names)
         if dup:
-            raise ValueError(f"NLME: `omega` names eta {sorted(dup)[0]!r} twice")
+            raise ValueError(f"NLME: `{what}` names eta {sorted(dup)[0]!r} twice")
         seen.update(names)
         try:
             m = np.array(value, dtype=float).reshape(len(names), len(names))
         except (TypeError, ValueError):
-            raise ValueError(f"NLME: `omega[{key!r}]` must be a variance (one eta) or a "
+            raise ValueError(f"NLME: `{what}[{key!r}]` must be a variance (one eta) or a "
                              f"{len(names)}x{len(names)} covariance matrix, got {value!r}") \
                 from None
         if not np.all(np.isfinite(m)) or not np.allclose(m, m.T, rtol=0, atol=1e-14):
-            raise ValueError(f"NLME: `omega[{key!r}]` must be finite and symmetric, got "
+            raise ValueError(f"NLME: `{what}[{key!r}]` must be finite and symmetric, got "
                              f"{m.tolist()}")
         if np.min(np.linalg.eigvalsh(m)) <= 0:
-            raise ValueError(f"NLME: `omega[{key!r}]` is not positive definite (eigenvalues "
+            raise ValueError(f"NLME: `{what}[{key!r}]` is not positive definite (eigenvalues "
                              f"{np.round(np.linalg.eigvalsh(m), 6).tolist()}); variances must "
                              "be > 0 and correlations inside (-1, 1)")
         blocks.append((names, m))
@@ -97,6 +102,35 @@ class NLME:
     threads : int, optional
         Subjects are evaluated on this many threads (default: the machine's cores); the
         sums are taken in the subjects' order, so results do not depend on it.
+    iov : dict, optional
+        Inter-occasion variability: ``{eta: variance}`` (or ``{(eta1, eta2): matrix}``),
+        as `omega`. Each subject gets, in each of its occasions, random effects of these
+        names with this covariance, independent between occasions (NONMEM's ``SAME``
+        blocks); in occasion o the individual function's ``eta.NAME`` is the subject's
+        between-subject ``eta.NAME`` (if `omega` has one) plus the occasion's. The
+        between-occasion variances are estimated with the rest (``fit.iov``).
+    occasion : str
+        The occasion column of the subjects (default ``"OCC"``): a covariate that is a
+        step function of time, as ``read_events(..., occasion="OCC")`` reads it (a subject
+        with a constant value has one occasion). Occasions of a subject are numbered in
+        the order they start; each is one stretch of its record.
+    workers : int, optional
+        Evaluate the subjects in this many worker processes (forked once per `fit` or
+        `objective` with the prepared subjects, each holding a block of them; `parallel`):
+        the Python around each subject's solves then runs on every core, which threads
+        cannot do. Results are the serial ones bit for bit. With ``client``: the number of
+        blocks (default: one per Dask worker).
+    client : None, "local" or dask.distributed.Client
+        Evaluate blocks of subjects on Dask workers (``"local"``: an embedded
+        ``LocalCluster`` of `workers` processes, closed at the end of each call): each
+        block is shipped once per fit, and each evaluation returns its subjects'
+        objective and gradient contributions. For populations beyond one machine.
+    initial : dict, optional
+        Initial states that are expressions of the model's parameters (so of the
+        individual parameters): ``{"effect": "e0"}`` (nlmixr2's ``effect(0) <- e0``), a
+        function of the parameters (``lambda p: p.e0``) or a number; the other states
+        start where the subjects' problems do (`sciml.data.read_events` takes the same
+        ``initial=``; give it in one place).
 
     Examples
     --------
@@ -109,7 +143,16 @@ class NLME:
     """
 
     def __init__(self, model, individual, theta, omega, error, nets=None, ebe_tol=1e-12,
-                 threads=None):
+                 threads=None, iov=None, occasion=None, initial=None, workers=None,
+                 client=None):
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int)
+                                    or workers < 1):
+            raise ValueError(f"NLME: `workers` must be a positive int or None, got {workers!r}")
+        if client is not None and client != "local":
+            dist = sys.modules.get("distributed")
+            if dist is None or not isinstance(client, dist.Client):
+                raise TypeError(f"NLME: `client` must be None, \"local\" (an embedded Dask "
+                                f"LocalCluster) or a dask.distributed.Client, got {client!r}")
         if not isinstance(theta, dict) or not theta:
             raise TypeError("NLME: `theta` must be a non-empty dict {name: initial value}")
         self.model = model
@@ -117,6 +160,21 @@ class NLME:
         self.theta0 = np.array([_number(v, f"theta[{k!r}]") for k, v in theta.items()])
         self.blocks = _omega_blocks(omega)
         self.eta_names = tuple(n for names, _ in self.blocks for n in names)
+        if iov is None and occasion is not None:
+            raise ValueError("NLME: `occasion` names the occasion column of `iov`; give iov="
+                             "{eta: variance} as well")
+        self.iov_blocks = [] if iov is None else _omega_blocks(iov, "iov")
+        self.iov_names = tuple(n for names, _ in self.iov_blocks for n in names)
+        if initial is not None:
+            initial_function(model, initial, np.zeros(model.n_states), "NLME")  # checked
+        self.initial, self._initial_fns = initial, {}
+        if occasion is not None and not isinstance(occasion, str):
+            raise TypeError(f"NLME: `occasion` must be a column name, got {occasion!r}")
+        self.occasion = (occasion or "OCC") if iov is not None else None
+        # the eta names the individual function reads: between-subject, then occasion-only
+        traced = self.eta_names + tuple(n for n in self.iov_names if n not in self.eta_names)
+        self.effects = None if iov is None else Effects(traced, self.eta_names,
+                                                        self.iov_names, self.occasion)
         if not isinstance(error, dict) or not error:
             raise TypeError("NLME: `error` must be a dict {observable: sciml.nlme.Additive(sd)"
                             ", ...}")
@@ -148,8 +206,7 @@ class NLME:
         self.theta0 = np.concatenate([self.theta0] + w_own)
         self.theta_labels = self.theta_names + tuple(
             f"{n}[{i}]" for n, c in chains.items() for i in range(c.n_params))
-        self.individual = Individual(individual, model, self.theta_names, self.eta_names,
-                                     chains)
+        self.individual = Individual(individual, model, self.theta_names, traced, chains)
         self.net_slices, self.w0, self.weight_index = _nets(model, nets)
         self.net_names = tuple(self.net_slices)
         self.ebe_tol = _number(ebe_tol, "ebe_tol")
@@ -158,21 +215,54 @@ class NLME:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ValueError(f"NLME: `threads` must be a positive int, got {threads!r}")
         self.threads = threads
+        self.workers, self.client = workers, client
+        self._runner = None  # the worker processes or Dask blocks of the current call
+
+    def __getstate__(self):
+        # what a worker process or a Dask worker gets: never the runner of a call
+        return {**self.__dict__, "_runner": None}
+
+    @contextlib.contextmanager
+    def _parallel(self, fits, solve):
+        """Start the worker processes or Dask blocks of `workers` / `client` for ``fits``
+        (prepared with ``solve``) for the duration of a call."""
+        if self._runner is not None or (self.client is None and (self.workers or 1) < 2) \
+                or len(fits) < 2:
+            yield
+            return
+        from .parallel import DaskBlocks, Workers
+
+        runner = DaskBlocks(self, fits, solve, self.client, self.workers) \
+            if self.client is not None else Workers(self, fits, self.workers)
+        self._runner = runner
+        try:
+            yield
+        finally:
+            self._runner = None
+            runner.close()
 
     # ---------------------------------------------------------------- parameters
 
     def _omega_matrix(self, blocks):
+        """Omega (n_eta, n_eta) from `unpack`'s blocks (the IOV ones left out)."""
         k = len(self.eta_names)
         om = np.zeros((k, k))
         o = 0
-        for m in blocks:
+        for m in blocks[:len(self.blocks)]:
             b = m.shape[0]
             om[o:o + b, o:o + b] = m
             o += b
         return om
 
+    @property
+    def packed_blocks(self):
+        """``[(names, matrix)]`` of every covariance the optimiser's vector holds: Omega's
+        blocks, then the between-occasion (`iov`) blocks."""
+        return self.blocks + self.iov_blocks
+
     def pack(self, theta, blocks, sigma, weights=None):
-        """The unconstrained vector of (theta, omega blocks, sigma, network weights)."""
+        """The unconstrained vector of (theta, covariance blocks (`packed_blocks`: Omega's,
+        then the occasions'), sigma, network weights)."""
         parts = [np.asarray(theta, dtype=float)]
         for m in blocks:
             L = np.linalg.cholesky(m)
@@ -184,11 +274,12 @@ class NLME:
         return np.concatenate(parts)
 
     def unpack(self, x):
-        """``(theta, omega blocks, sigma)`` of an unconstrained vector."""
+        """``(theta, covariance blocks (`packed_blocks`), sigma)`` of an unconstrained
+        vector."""
         nt = self.theta0.shape[0]
         theta, o = x[:nt], nt
         blocks = []
-        for names, _ in self.blocks:
+        for names, _ in self.packed_blocks:
             b = len(names)
             L = np.diag(np.exp(x[o:o + b]))
             o += b
@@ -197,6 +288,31 @@ class NLME:
             o += nl
             blocks.append(L @ L.T)
         return theta, blocks, np.exp(x[o:o + len(self.sigma_names)])
+
+    def _iov_matrix(self, blocks):
+        """The between-occasion covariance Pi (n_iov, n_iov) from `unpack`'s blocks (None
+        without occasions)."""
+        if not self.iov_blocks:
+            return None
+        k = len(self.iov_names)
+        pi = np.zeros((k, k))
+        o = 0
+        for m in blocks[len(self.blocks):]:
+            b = m.shape[0]
+            pi[o:o + b, o:o + b] = m
+            o += b
+        return pi
+
+    def subject_omega(self, omega, pi, n_occ):
+        """A subject's prior covariance of its random effects ``(eta, kappa_1, ...,
+        kappa_O)``: ``blockdiag(Omega, Pi, ..., Pi)``."""
+        if pi is None:
+            return omega
+        return _block_diag([omega] + [pi] * n_occ)
+
+    def n_random(self, sf):
+        """The random effects of the subject ``sf`` (`predict.SubjectFit`)."""
+        return len(self.eta_names) + sf.n_occ * len(self.iov_names)
 
     def weights(self, x):
         """The estimated network weights in ``x`` (None when no network is estimated)."""
@@ -246,8 +362,8 @@ class NLME:
             subjects = [s for s in subjects if all(s is not e for e in empty)]
             if not subjects:
                 raise ValueError("NLME: no subject has observations")
-        fits = [SubjectFit(s, self.model, self.individual, error_of, solver, rtol, atol,
-                           max_steps) for s in subjects]
+        fits = [SubjectFit(self._with_initial(s), self.model, self.individual, error_of,
+                           solver, rtol, atol, max_steps, self.effects) for s in subjects]
         limits = self._limits(lloq)
         if limits is not None:
             for sf in fits:
@@ -260,6 +376,25 @@ class NLME:
                     sf.cens = below | flagged
                 sf.lloq = np.where(flagged, sf.lloq, np.maximum(sf.lloq, c))
         return fits
+
+    def _with_initial(self, subject):
+        """``subject`` with its problem's initial states from `initial` (a copy), or itself."""
+        if self.initial is None:
+            return subject
+        prob = getattr(subject, "problem", None)
+        if prob is None or prob.model is not self.model:
+            return subject  # SubjectFit says what is wrong
+        if prob.u0_function is not None:
+            raise ValueError(f"NLME: subject {subject.id!r}'s problem has initial values as a "
+                             "function already (read_events(initial=) or u0=); give "
+                             "`initial` in one place")
+        key = prob.u0.tobytes()
+        if key not in self._initial_fns:
+            self._initial_fns[key] = initial_function(self.model, self.initial, prob.u0,
+                                                      "NLME")
+        out = copy.copy(subject)
+        out.problem = prob.remake(u0=self._initial_fns[key])
+        return out
 
     def _limits(self, lloq):
         """The LLOQ of each error model's observations (-inf: none), or None."""
@@ -283,11 +418,11 @@ class NLME:
     def _subject(self, x, method, ebe_tol=None):
         """``sf -> likelihood.Subject``: a subject's objective at the parameters ``x``."""
         theta, blocks, sigma = self.unpack(x)
-        omega = self._omega_matrix(blocks)
+        omega, pi = self._omega_matrix(blocks), self._iov_matrix(blocks)
         sds = self._sd_per_error(sigma)
         w = self.weights(x)
-        return lambda sf: Subject(sf, self.errors, theta, omega, sds, method,
-                                  ebe_tol or self.ebe_tol, w, self.weight_index)
+        return lambda sf: Subject(sf, self.errors, theta, self.subject_omega(omega, pi, sf.n_occ),
+                                  sds, method, ebe_tol or self.ebe_tol, w, self.weight_index)
 
     def _each(self, fn, fits, etas):
         """``[fn(subject fit, eta0)]`` in the subjects' order, on ``threads`` threads: the
@@ -299,54 +434,67 @@ class NLME:
         with ThreadPoolExecutor(n) as pool:
             return list(pool.map(lambda a: fn(*a), pairs))
 
-    def _objective(self, fits, x, method, etas, ebe_tol=None):
+    def evaluate(self, kind, fits, x, method, starts, ebe_tol=None):
+        """Each subject's ``subject_objective`` (``kind="objective"``) or
+        ``subject_gradient`` (``"gradient"``) at ``x``, in the subjects' order: in this
+        process on `threads` threads, or on the worker processes or Dask blocks that hold
+        ``fits`` (`parallel`)."""
+        runner = self._runner
+        if runner is not None and runner.holds(fits):
+            return runner.run(kind, x, method, list(starts), ebe_tol)
         subject = self._subject(x, method, ebe_tol)
+        one = subject_objective if kind == "objective" else subject_gradient
+        return self._each(lambda sf, start: one(subject(sf), start), fits, starts)
 
-        def one(sf, eta0):
-            try:
-                return subject(sf).objective(eta0)
-            except SolveFailed:  # parameters where this subject cannot be solved
-                return np.inf, eta0
-
-        out = self._each(one, fits, etas)
+    def _objective(self, fits, x, method, etas, ebe_tol=None):
+        """``(objective, etas)`` at ``x``; each subject's estimate starts from its entry of
+        ``etas`` (an array, or an `EtaStart` of `_objective_and_gradient`)."""
+        out = self.evaluate("objective", fits, x, method, etas, ebe_tol)
         return sum(v for v, _ in out), [eta for _, eta in out]
 
     def _objective_and_gradient(self, fits, x, etas, method):
-        """``(objective, etas, (dOFV/dpsi, Gamma))``: the exact gradient of ``method``
+        """``(objective, starts, (dOFV/dpsi, Gamma))``: the exact gradient of ``method``
         (`gradient.gradient`, summed over subjects) in the thetas, residual sds and
         estimated weights (in that order), and ``dOFV = tr(Gamma dOmega)``; no parts
-        (None) where the objective is not finite."""
-        subject = self._subject(x, method)
-
-        def one(sf, eta0):
-            try:
-                subj = subject(sf)
-                value, eta = subj.objective(eta0)
-                return (value, eta) + (gradient(subj, eta) if np.isfinite(value) else
-                                       (None, None))
-            except SolveFailed:  # parameters where this subject cannot be solved
-                return np.inf, eta0, None, None
-
-        out = self._each(one, fits, etas)
+        (None) where the objective is not finite. ``starts``: each subject's `EtaStart`
+        (its estimate, ``.eta``, and where it moves with the parameters), what the next
+        call's ``etas`` should be."""
+        out = self.evaluate("gradient", fits, x, method, etas)
         if not all(np.isfinite(v) for v, *_ in out):
             return np.inf, etas, None
-        total, d_pop, gamma = 0.0, 0.0, 0.0
-        for value, _, dp, g in out:  # summed in the subjects' order, whatever the threads
-            total, d_pop, gamma = total + value, d_pop + dp, gamma + g
-        return total, [eta for _, eta, *_ in out], (d_pop, gamma)
+        total, d_pop, gamma, gamma_iov = 0.0, 0.0, 0.0, 0.0
+        for (value, dp, g, _), sf in zip(out, fits):  # in the subjects' order, whatever the
+            total, d_pop = total + value, d_pop + dp   # threads
+            g_bsv, g_iov = self._split_gamma(g, sf.n_occ)
+            gamma, gamma_iov = gamma + g_bsv, gamma_iov + g_iov
+        return total, [start for *_, start in out], (d_pop, gamma, gamma_iov)
+
+    def _split_gamma(self, gamma, n_occ):
+        """A subject's ``Gamma`` (its random effects) as ``(Gamma of Omega, Gamma of Pi)``:
+        ``tr(Gamma dOmega_i) = tr(G_bsv dOmega) + sum_o tr(G_oo dPi)``."""
+        ne, ni = len(self.eta_names), len(self.iov_names)
+        g_iov = 0.0
+        for o in range(n_occ if ni else 0):
+            a = ne + o * ni
+            g_iov = g_iov + gamma[a:a + ni, a:a + ni]
+        return gamma[:ne, :ne], g_iov
 
     def gradient_x(self, x, parts):
         """The gradient in the unconstrained vector ``x`` from `_objective_and_gradient`'s
         parts (chain rule through the Cholesky factors and the log sds)."""
-        d_pop, gamma = parts
+        d_pop, gamma, gamma_iov = parts
         _, blocks, sigma = self.unpack(x)
         nt, ns = self.theta0.shape[0], sigma.shape[0]
         out = [d_pop[:nt]]
         o = 0
-        for (names, _), om in zip(self.blocks, blocks):
+        nb = len(self.blocks)
+        for i, ((names, _), om) in enumerate(zip(self.packed_blocks, blocks)):
+            if i == nb:
+                o = 0
+            g = gamma if i < nb else gamma_iov
             b = len(names)
             L = np.linalg.cholesky(om)
-            dL = 2.0 * gamma[o:o + b, o:o + b] @ L
+            dL = 2.0 * g[o:o + b, o:o + b] @ L
             out.append(np.diag(dL) * np.diag(L))
             out.append(dL[np.tril_indices(b, -1)])
             o += b
@@ -355,23 +503,26 @@ class NLME:
         return np.concatenate(out)
 
     def objective(self, subjects, theta=None, omega=None, sigma=None, method="focei",
-                  nets=None, **solve):
+                  nets=None, iov=None, **solve):
         """The objective (-2 log-likelihood, no ``n log 2 pi``) at fixed values.
 
-        ``theta``, ``sigma`` : dicts (or sequences in the model's order); ``omega`` : a
-        dict as in the constructor, or the full (n_eta, n_eta) matrix (its blocks are
-        read); ``nets`` : estimated networks' weights by name; each defaults to the
-        initial values. For subjects left out of a fit, the objective at the fit's
-        estimates is their marginal likelihood (`NLMEFit.objective_on`).
+        ``theta``, ``sigma`` : dicts (or sequences in the model's order); ``omega``, ``iov``
+        : dicts as in the constructor, or full matrices (their blocks are read); ``nets``
+        : estimated networks' weights by name; each defaults to the initial values. For
+        subjects left out of a fit, the objective at the fit's estimates is their marginal
+        likelihood (`NLMEFit.objective_on`).
         """
         method = _method(method)
         fits = self.prepare(subjects, **solve)
-        x = self._given(theta, omega, sigma, nets)
-        k = len(self.eta_names)
-        return self._objective(fits, x, method, [np.zeros(k)] * len(fits))[0]
+        x = self._given(theta, omega, sigma, nets, iov)
+        with self._parallel(fits, solve):
+            return self._objective(fits, x, method, self._zero_etas(fits))[0]
+
+    def _zero_etas(self, fits):
+        return [np.zeros(self.n_random(sf)) for sf in fits]
 
     def simulate(self, subjects, theta=None, omega=None, sigma=None, n=100, seed=0, *,
-                 nets=None, **solve):
+                 nets=None, iov=None, **solve):
         """Simulate ``n`` replicates of a study from its design, at given parameters (no
         fit needed): new random effects from ``N(0, omega)`` per subject and replicate, new
         residuals from the error models (`simulate.replicates`).
@@ -415,11 +566,11 @@ class NLME:
                 seed, (int, np.integer)) or seed < 0):
             raise ValueError(f"NLME.simulate: `seed` must be an int >= 0 (or None), got "
                              f"{seed!r}")
-        x = self._given(theta, omega, sigma, nets)
+        x = self._given(theta, omega, sigma, nets, iov)
         fits = self.prepare(subjects, **solve)
         return table(self, fits, replicates(self, fits, x, int(n), seed))
 
-    def _given(self, theta, omega, sigma, nets):
+    def _given(self, theta, omega, sigma, nets, iov=None):
         """The unconstrained vector of given values (`objective`'s arguments)."""
         nt = len(self.theta_names)
         th, w = self._with_nets(nets, np.concatenate([
@@ -430,7 +581,11 @@ class NLME:
             bad = self.sigma_names[int(np.argmax(sd <= 0))]
             raise ValueError(f"NLME: `sigma[{bad!r}]` must be a standard deviation > 0, got "
                              f"{sd[self.sigma_names.index(bad)]!r}")
-        return self.pack(th, self._blocks_of(omega), sd, w)
+        if iov is not None and not self.iov_blocks:
+            raise ValueError("NLME: `iov` given, but the model has no occasions (NLME(iov=))")
+        blocks = self._blocks_of(omega) + (
+            self._blocks_of(iov, self.iov_blocks, "iov") if self.iov_blocks else [])
+        return self.pack(th, blocks, sd, w)
 
     @staticmethod
     def _vector(values, names, defaults, kind):
@@ -480,37 +635,42 @@ class NLME:
             target[sl] = v
         return theta, w
 
-    def _blocks_of(self, omega):
+    def _blocks_of(self, omega, model_blocks=None, what="omega"):
+        """The covariance blocks of a given ``omega`` (or ``iov``, with ``model_blocks``
+        `iov_blocks`): a dict as in the constructor or the full matrix; the model's own
+        where None."""
+        model_blocks = self.blocks if model_blocks is None else model_blocks
+        names_all = [n for names, _ in model_blocks for n in names]
         if omega is None:
-            return [m for _, m in self.blocks]
+            return [m for _, m in model_blocks]
         if not isinstance(omega, dict):
             try:
                 omega = np.array(omega, dtype=float)
             except (TypeError, ValueError):
-                raise TypeError(f"NLME: `omega` must be a dict as in the constructor or an "
-                                f"(n_eta, n_eta) matrix, got {omega!r}") from None
+                raise TypeError(f"NLME: `{what}` must be a dict as in the constructor or an "
+                                f"(n, n) matrix, got {omega!r}") from None
         if isinstance(omega, np.ndarray):
-            k = len(self.eta_names)
+            k = len(names_all)
             if omega.shape != (k, k):
-                raise ValueError(f"NLME: `omega` as a matrix must be ({k}, {k}) for etas "
-                                 f"{', '.join(self.eta_names)}, got shape {omega.shape}")
+                raise ValueError(f"NLME: `{what}` as a matrix must be ({k}, {k}) for etas "
+                                 f"{', '.join(names_all)}, got shape {omega.shape}")
             out, o = [], 0
-            for names, _ in self.blocks:
+            for names, _ in model_blocks:
                 b = len(names)
                 out.append(np.array(omega[o:o + b, o:o + b], dtype=float))
                 o += b
             omega = {names if len(names) > 1 else names[0]: m
-                     for (names, _), m in zip(self.blocks, out)}
-        given = _omega_blocks(omega)
-        if [n for n, _ in given] != [n for n, _ in self.blocks]:
-            raise ValueError(f"NLME: `omega` must have the model's blocks "
-                             f"{[n for n, _ in self.blocks]}, got {[n for n, _ in given]}")
+                     for (names, _), m in zip(model_blocks, out)}
+        given = _omega_blocks(omega, what)
+        if [n for n, _ in given] != [n for n, _ in model_blocks]:
+            raise ValueError(f"NLME: `{what}` must have the model's blocks "
+                             f"{[n for n, _ in model_blocks]}, got {[n for n, _ in given]}")
         return [m for _, m in given]
 
     # ---------------------------------------------------------------- estimation
 
     def fit(self, subjects, method="focei", *, fixed=(), max_iter=500, covariance=True,
-            stages=(), start=None, seed=None, **solve):
+            stages=(), start=None, seed=None, ftol=1e-5, **solve):
         """Estimate theta, omega and sigma by minimising the objective of ``method``, or by
         SAEM.
 
@@ -530,9 +690,13 @@ class NLME:
             Theta, sigma and estimated network names (e.g. ``"tka"``, ``"cp.sd"``,
             ``"U"``) kept at their values.
         max_iter : int
-            Iterations of the outer optimiser (BFGS on the method's exact gradient); for
-            SAEM, 0 evaluates the result at the start without iterating (its iterations
-            are the settings' ``burn`` and ``em``).
+            Iterations of the outer optimiser (BFGS on the method's exact gradient,
+            `bfgs.minimize`); for SAEM, 0 evaluates the result at the start without
+            iterating (its iterations are the settings' ``burn`` and ``em``).
+        ftol : float
+            The outer optimiser stops when its quasi-Newton model predicts a decrease of
+            the objective below this (the objective is -2 log-likelihood: at 1e-5 each
+            estimate is within about 0.003 of its standard error of the optimum).
         stages : sequence of nets optimizers
             First-order stages run before BFGS, each for its ``iters`` steps on the same
             exact gradient (e.g. ``[nets.Adam(0.01, iters=200)]``): for networks with many
@@ -558,12 +722,15 @@ class NLME:
         fits = self.prepare(subjects, **solve)
         x0 = self._start(start)
         free = self._free(fixed)
-        k = len(self.eta_names)
-        etas = [np.zeros(k) for _ in fits]
-        if settings is not None:
-            return self._fit_saem(fits, settings, x0, free, etas, max_iter, covariance,
-                                  stages)
-        state = {"etas": etas, "n_eval": 0}
+        ftol = positive_number("ftol", ftol, where="NLME.fit")
+        with self._parallel(fits, solve):
+            if settings is not None:
+                return self._fit_saem(fits, settings, x0, free, self._zero_etas(fits),
+                                      max_iter, covariance, stages)
+            return self._fit(fits, method, x0, free, max_iter, covariance, stages, ftol)
+
+    def _fit(self, fits, method, x0, free, max_iter, covariance, stages, ftol):
+        state = {"etas": self._zero_etas(fits), "n_eval": 0}
 
         def full(z):
             x = x0.copy()
@@ -580,8 +747,7 @@ class NLME:
             return value, self.gradient_x(x, parts)[free]
 
         z0 = _first_order(stages, fun_and_grad, x0[free])
-        res = optimize.minimize(fun_and_grad, z0, jac=True, method="BFGS",
-                                options={"maxiter": max_iter, "gtol": 1e-4})
+        res = bfgs.minimize(fun_and_grad, z0, max_iter=max_iter, ftol=ftol)
         x = full(res.x)
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)
@@ -597,6 +763,9 @@ class NLME:
             raise ValueError(f"NLME.fit: method='saem' does not take observations below the "
                              f"LLOQ yet (subject {censored[0]!r} has some); use 'focei' or "
                              "'laplace'")
+        if self.iov_blocks:
+            raise ValueError("NLME.fit: method='saem' does not take occasions (iov=) yet; use "
+                             "'focei', 'foce' or 'laplace'")
 
         if max_iter == 0:
             x, trace = x0, None
@@ -618,7 +787,7 @@ class NLME:
         return fit
 
     def _start(self, start):
-        x0 = self.pack(self.theta0, [m for _, m in self.blocks], self.sigma0)
+        x0 = self.pack(self.theta0, [m for _, m in self.packed_blocks], self.sigma0)
         if start is None:
             return x0
         x = np.array(start, dtype=float).ravel()
@@ -657,7 +826,7 @@ class NLME:
     def _free(self, fixed):
         fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
         nt = self.theta0.shape[0]
-        n_om = sum(len(n) * (len(n) + 1) // 2 for n, _ in self.blocks)
+        n_om = sum(len(n) * (len(n) + 1) // 2 for n, _ in self.packed_blocks)
         ns = len(self.sigma_names)
         mask = np.ones(nt + n_om + ns + self.w0.shape[0], dtype=bool)
         for name in fixed:
@@ -676,6 +845,17 @@ class NLME:
                 raise ValueError(f"NLME.fit: `fixed` names {name!r}, not a theta, sigma or "
                                  f"estimated network ({', '.join(known)})")
         return np.nonzero(mask)[0]
+
+
+def _block_diag(mats):
+    n = sum(m.shape[0] for m in mats)
+    out = np.zeros((n, n))
+    o = 0
+    for m in mats:
+        b = m.shape[0]
+        out[o:o + b, o:o + b] = m
+        o += b
+    return out
 
 
 def _first_order(stages, fun_and_grad, z):

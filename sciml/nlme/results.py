@@ -28,9 +28,15 @@ class NLMEFit:
         Between-subject covariance (variances on the diagonal), order ``eta_names``.
     eta : ndarray (n_subjects, n_eta)
         Empirical Bayes estimates, in the order of the subjects.
+    iov : ndarray (n_iov, n_iov) or None
+        Between-occasion covariance (`NLME(iov=)`), order ``iov_names``; None without
+        occasions.
+    eta_occasion : list of ndarray or None
+        With occasions, per subject its occasions' estimates (n_occ, n_iov).
     se : dict
         Standard errors by name (thetas, ``"omega.<eta>"`` variances,
-        ``"omega.<eta1>,<eta2>"`` covariances, sigmas), from the inverse of half the
+        ``"omega.<eta1>,<eta2>"`` covariances, ``"iov.<eta>"`` between-occasion
+        variances, sigmas), from the inverse of half the
         objective's Hessian in these parameters (forward differences of its exact
         gradient); empty without the covariance step, NaN where the Hessian is not
         positive definite.
@@ -52,13 +58,17 @@ class NLMEFit:
         theta, blocks, sigma = pop.unpack(x)
         self.theta = dict(zip(pop.theta_names, theta.tolist()))
         self.omega = pop._omega_matrix(blocks)
-        self.eta_names = pop.eta_names
+        self.iov = pop._iov_matrix(blocks)
+        self.eta_names, self.iov_names = pop.eta_names, pop.iov_names
         self.sigma = dict(zip(pop.sigma_names, sigma.tolist()))
         w = pop.weights(x)
         self.nets = {**{name: theta[sl].copy() for name, sl in pop.own_nets.items()},
                      **{name: w[sl].copy() for name, sl in pop.net_slices.items()}}
         self.objective = float(value)
-        self.eta = np.array(etas)
+        ne, ni = len(pop.eta_names), len(pop.iov_names)
+        self._etas = [np.array(e, dtype=float) for e in etas]  # each subject's whole vector
+        self.eta = np.array([e[:ne] for e in self._etas]).reshape(len(fits), ne)
+        self.eta_occasion = [e[ne:].reshape(-1, ni) for e in self._etas] if ni else None
         self.ids = [sf.id for sf in fits]
         self.n_obs = int(sum(sf.y.shape[0] for sf in fits))
         k = self.n_estimated = len(free)
@@ -80,8 +90,7 @@ class NLMEFit:
         -2 log of their marginal likelihood under the fitted population model."""
         return self.pop.objective(subjects, theta=self.theta, omega=self.omega,
                                   sigma=self.sigma, method=self.objective_method,
-                                  nets=self.nets,
-                                  **solve)
+                                  nets=self.nets, iov=self.iov, **solve)
 
     # ---------------------------------------------------------------- covariance step
 
@@ -91,11 +100,13 @@ class NLMEFit:
         pop = self.pop
         theta, blocks, sigma = pop.unpack(self._x)
         names, vals = list(pop.theta_labels), list(theta)
-        for (enames, _), m in zip(pop.blocks, blocks):
+        nb = len(pop.blocks)
+        for b, ((enames, _), m) in enumerate(zip(pop.packed_blocks, blocks)):
+            kind = "omega" if b < nb else "iov"
             for i in range(len(enames)):
                 for j in range(i + 1):
-                    names.append(f"omega.{enames[i]}" if i == j else
-                                 f"omega.{enames[i]},{enames[j]}")
+                    names.append(f"{kind}.{enames[i]}" if i == j else
+                                 f"{kind}.{enames[i]},{enames[j]}")
                     vals.append(m[i, j])
         names += list(pop.sigma_names)
         vals += list(sigma)
@@ -110,7 +121,7 @@ class NLMEFit:
 
         def to_x(v):
             th, o, bl = v[:nt], nt, []
-            for enames, _ in pop.blocks:
+            for enames, _ in pop.packed_blocks:
                 b = len(enames)
                 m = np.zeros((b, b))
                 for i in range(b):
@@ -125,13 +136,17 @@ class NLMEFit:
     def _natural_gradient(self, parts):
         """The gradient in `_natural`'s parameters (an omega covariance moves two symmetric
         entries)."""
-        d_pop, gamma = parts
+        d_pop, gamma, gamma_iov = parts
         nt = len(self.pop.theta_labels)
         out, o = [d_pop[:nt]], 0
-        for enames, _ in self.pop.blocks:
+        nb = len(self.pop.blocks)
+        for b, (enames, _) in enumerate(self.pop.packed_blocks):
+            if b == nb:
+                o = 0
+            g = gamma if b < nb else gamma_iov
             for i in range(len(enames)):
                 for j in range(i + 1):
-                    out.append([gamma[o + i, o + j] * (1.0 if i == j else 2.0)])
+                    out.append([g[o + i, o + j] * (1.0 if i == j else 2.0)])
             o += len(enames)
         out.append(d_pop[nt:])
         return np.concatenate([np.atleast_1d(np.asarray(v, dtype=float)) for v in out])
@@ -144,22 +159,22 @@ class NLMEFit:
         pop, fits = self.pop, self._fits
         names, v0, to_x = self._natural()
         free = self._free
-        etas = [e.copy() for e in self.eta]
+        etas = [e.copy() for e in self._etas]
         n = len(free)
         h = 1e-4 * np.maximum(np.abs(v0[free]), 0.1)
         H = np.full((n, n), np.nan)
 
-        def grad(v):
-            parts = pop._objective_and_gradient(fits, to_x(v), etas,
-                                                self.objective_method)[2]
-            return self._natural_gradient(parts)[free]
+        def grad(v, starts):
+            _, new, parts = pop._objective_and_gradient(fits, to_x(v), starts,
+                                                        self.objective_method)
+            return self._natural_gradient(parts)[free], new
 
         try:
-            g0 = grad(v0)
+            g0, starts = grad(v0, etas)  # the estimates' moves predicted from here
             for a in range(n):
                 e = np.zeros_like(v0)
                 e[free[a]] = h[a]
-                H[:, a] = (grad(v0 + e) - g0) / h[a]
+                H[:, a] = (grad(v0 + e, starts)[0] - g0) / h[a]
             H = 0.5 * (H + H.T)
         except (np.linalg.LinAlgError, TypeError):  # a step left the positive-definite cone
             pass
@@ -199,11 +214,12 @@ class NLMEFit:
     def _make_table(self):
         pop = self.pop
         theta, blocks, sigma = pop.unpack(self._x)
-        omega = pop._omega_matrix(blocks)
+        omega_bsv, pi = pop._omega_matrix(blocks), pop._iov_matrix(blocks)
         sds = pop._sd_per_error(sigma)
         cols = {c: [] for c in ("ID", "TIME", "OBS", "DV", "CENS", "PRED", "IPRED", "RES",
                                 "IRES", "IWRES", "WRES", "CWRES")}
-        for sf, eta in zip(self._fits, self.eta):
+        for sf, eta in zip(self._fits, self._etas):
+            omega = pop.subject_omega(omega_bsv, pi, sf.n_occ)
             s = Subject(sf, pop.errors, theta, omega, sds, "focei", pop.ebe_tol,
                         pop.weights(self._x), pop.weight_index)
             _, _, _, f0, G0, R0 = s.evaluate(np.zeros_like(eta))

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import optimize
 
-from adjoints._forward import SolveFailed
+from adjoints import SolveFailed
 
 from .derivatives import Local, residual_jets, variance_terms
 from .errors import Additive, Proportional
@@ -155,6 +155,9 @@ class _Walkers:
         self.C = chains
         self.sub = np.repeat(np.arange(len(fits)), chains)
         self.covs = np.array([fits[i].cov for i in self.sub]).reshape(self.sub.shape[0], -1)
+        # one set of individual parameters per subject: all walkers' in one evaluation;
+        # else (time-varying covariates) each walker's per piece of its record
+        self.simple = all(sf.ind.simple for sf in fits)
         sizes = np.array([fits[i].y.shape[0] for i in self.sub])
         self.start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         self.obs_w = np.repeat(np.arange(self.sub.shape[0]), sizes)
@@ -171,7 +174,10 @@ class _Walkers:
         """Flat predictions (n_obs,) of every walker at ``eta`` (n, n_eta); NaN where a
         walker's solve fails (its proposal is then refused)."""
         pop = self.pop
-        phi = pop.individual.values_many(theta, eta, self.covs)
+        if self.simple:
+            phi = pop.individual.values_many(theta, eta, self.covs)
+        else:
+            phi = [self.fits[i].ind.values(theta, eta[w]) for w, i in enumerate(self.sub)]
         out = np.empty(self.y.shape[0])
 
         def chunk(ws):

@@ -50,6 +50,7 @@ class _StartTask:
     def __call__(self, k, x0):
         pop = copy.copy(self.pop)
         pop.threads = 1  # the starts fill the cores
+        pop.workers = pop.client = None
         t0 = time.perf_counter()
         with one_blas_thread():
             try:

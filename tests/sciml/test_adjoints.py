@@ -504,3 +504,10 @@ def test_forward_sensitivities_to_chosen_parameters_are_those_columns(solver):
     np.testing.assert_allclose(sub.S, full.S[:, :, cols], rtol=1e-7, atol=1e-10)
     with pytest.raises(ValueError, match="`cols` must index the model's"):
         fs.prepare(job, [model.n_params])
+    # adjoints.prepare_values: the values solve with its system built once, at any p and
+    # from any u0, equals adjoints.values (its second call runs the loop's compiled entry)
+    run = adjoints.prepare_values(job)
+    theta2 = theta * 1.1
+    for q, u0 in ((theta, None), (theta2, None), (theta2, np.array([0.7])), (theta, None)):
+        want = adjoints.values(replace(job, p=q), u0=u0).check().u
+        np.testing.assert_array_equal(run(q, u0).check().u, want)

@@ -308,17 +308,19 @@ def test_replicate_observations_count_each_as_nonmem_does():
     (s,) = read_events(table, THEO, {1: "depot"}, "cp", params=[1.0, 1.0, 1.0])  # kept
     np.testing.assert_array_equal(s.data.t, [1.0, 1.0, 2.0, 4.0])
     np.testing.assert_array_equal(s.data.y[:, 0], [2.0, 2.4, 3.0, 2.5])
-    with pytest.raises(ValueError, match="rows sharing a time"):
-        sciml.loss_and_grad(s.problem, s.data)
     # the objective counts both: at eta fixed to zero (tiny omega), the sum over rows
     pop = nl.NLME(THEO, _theo_individual, theta={"tka": 0.0, "tcl": 0.0, "tv": 3.0},
                   omega={"ka": 1e-8, "cl": 1e-8, "v": 1e-8}, error={"cp": nl.Additive(0.5)},
                   ebe_tol=1e-20)
-    f = sciml.solve(s.problem.remake(params=[1.0, 1.0, np.exp(3.0)]), rtol=1e-10, atol=1e-10,
+    prob = s.problem.remake(params=[1.0, 1.0, np.exp(3.0)])
+    f = sciml.solve(prob, rtol=1e-10, atol=1e-10,
                     saveat=np.array([1.0, 2.0, 4.0])).observables["cp"]
     f = f[[0, 0, 1, 2]]
     y = s.data.y[:, 0]
     expect = np.sum((y - f) ** 2 / 0.25 + np.log(0.25))
+    # and so does an ordinary fit's loss
+    v, _ = sciml.loss_and_grad(prob, s.data, rtol=1e-10, atol=1e-10)
+    assert v == pytest.approx(np.sum((y - f) ** 2), rel=1e-7)
     assert pop.objective([s], method="focei") == pytest.approx(expect, abs=1e-4)
 
 
@@ -332,13 +334,52 @@ def test_subjects_on_threads_give_the_serial_result_bit_for_bit(method):
         pop = nl.NLME(THEO, _theo_individual, threads=threads, **kw)
         fits = pop.prepare(subjects)
         x = pop.pack(pop.theta0, [m for _, m in pop.blocks], pop.sigma0)
-        value, etas, parts = pop._objective_and_gradient(fits, x, [np.zeros(3)] * 12, method)
-        out.append((value, np.array(etas), pop.gradient_x(x, parts)))
+        value, starts, parts = pop._objective_and_gradient(fits, x, [np.zeros(3)] * 12, method)
+        out.append((value, np.array([s.eta for s in starts]), pop.gradient_x(x, parts)))
     assert out[0][0] == out[1][0]
     np.testing.assert_array_equal(out[0][1], out[1][1])
     np.testing.assert_array_equal(out[0][2], out[1][2])
     with pytest.raises(ValueError, match="`threads` must be a positive int"):
         nl.NLME(THEO, _theo_individual, threads=0, **kw)
+
+
+def _parallel_equals_serial(**kw):
+    """A FOCE-I gradient evaluation and a short fit (with the covariance step) with
+    `NLME(**kw)` against the serial ones, bit for bit."""
+    subjects = _theo_subjects()
+    opts = dict(theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+                omega={"ka": 0.6, ("cl", "v"): [[0.3, 0.05], [0.05, 0.1]]},
+                error={"cp": nl.Combined(0.5, 0.1)})
+    serial = nl.NLME(THEO, _theo_individual, threads=1, **opts)
+    other = nl.NLME(THEO, _theo_individual, **kw, **opts)
+    out = []
+    for pop in (serial, other):
+        fits = pop.prepare(subjects)
+        x = pop._start(None) + 0.02
+        with pop._parallel(fits, {}):
+            assert (pop._runner is None) == (pop is serial)
+            value, starts, parts = pop._objective_and_gradient(fits, x, pop._zero_etas(fits),
+                                                               "focei")
+        fit = pop.fit(subjects, max_iter=3)
+        out.append((value, np.array([s.eta for s in starts]), pop.gradient_x(x, parts),
+                    fit.objective, fit.eta, fit.se))
+        assert pop._runner is None  # stopped with the call
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a if not isinstance(a, dict) else list(a.values()),
+                                      b if not isinstance(b, dict) else list(b.values()))
+
+
+def test_worker_processes_give_the_serial_result_bit_for_bit():
+    _parallel_equals_serial(workers=2)
+    with pytest.raises(ValueError, match="`workers` must be a positive int or None"):
+        nl.NLME(THEO, _theo_individual, workers=0, theta={"tka": 0.45},
+                omega={"ka": 0.6}, error={"cp": nl.Additive(0.7)})
+
+
+@pytest.mark.cluster
+def test_dask_blocks_give_the_serial_result_bit_for_bit():
+    pytest.importorskip("distributed")
+    _parallel_equals_serial(client="local", workers=2)
 
 
 def test_multistart_reaches_the_anchor_from_every_start_and_resumes(tmp_path):

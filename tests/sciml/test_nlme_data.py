@@ -1,5 +1,6 @@
 """Event-table data as `sciml.nlme` reads it: replicates, missing DVs, subjects without
-observations, and censored records in nlmixr2's convention (``CENS``, ``LIMIT``).
+observations, censored records in nlmixr2's convention (``CENS``, ``LIMIT``), and initial
+states that are individual parameters.
 
 - Replicates are kept by default (NONMEM), refused on request.
 - An observation record with DV missing warns, naming subject and CSV line.
@@ -8,11 +9,14 @@ observations, and censored records in nlmixr2's convention (``CENS``, ``LIMIT``)
 - ``CENS = 1`` records (DV the limit) give the same M3 objective as censoring the plain
   data with ``lloq=``; an ``lloq`` column censors without ``CENS``; a simulation
   censors at the table's limits; what is not supported is refused by row.
+- ``x(0) = x0`` (``read_events(initial=)`` or ``NLME(initial=)``) gives the objective and
+  gradients of the same model rewritten with ``x = x0 r``, ``r(0) = 1``.
 """
 
 import numpy as np
 import pytest
 
+import sciml
 import sciml.nlme as nl
 from sciml.data import read_events
 from tests.sciml.test_nlme import DATA, THEO, _theo_individual
@@ -168,3 +172,63 @@ def test_censoring_columns_refuse_what_is_not_supported_by_row():
     with pytest.warns(UserWarning, match="covariates change within a subject.*CENS"):
         (s,) = _read(cols, censored=False)  # CENS read as a covariate, nothing censored
     assert s.censored is None and "CENS" in s.covariates
+
+
+# ---------------------------------------------------------------- initial states
+
+
+def _decay(u, p, t):
+    return [-p.k * u.x]
+
+
+DECAY = sciml.Model(_decay, ["x"], ["k", "x0"], observables={"y": lambda u, p: u.x})
+# the same predictions written the way the issue describes: x = x0 r with r(0) = 1
+SCALED = sciml.Model(lambda u, p, t: [-p.k * u.r], ["r"], ["k", "x0"],
+                     observables={"y": lambda u, p: p.x0 * u.r})
+
+
+def _decay_table():
+    rng = np.random.default_rng(4)
+    cols = {k: [] for k in ("ID", "TIME", "DV", "AMT", "EVID")}
+    for i in range(3):
+        for t in (0.5, 1.0, 2.0, 4.0):
+            for k, v in zip(cols, (i + 1, t, 10 * np.exp(-0.3 * t) * np.exp(
+                    0.2 * rng.normal()), 0.0, 0)):
+                cols[k].append(v)
+    return cols
+
+
+def test_initial_states_that_are_individual_parameters():
+    # x(0) = x0 with x0 = exp(tx0 + eta.x0): read_events(initial=) and NLME(initial=) give
+    # the objective and exact gradient of the rewritten model (x0 as a scale of r(0) = 1)
+    def ind(theta, eta, cov):
+        return {"k": np.exp(theta.tk + eta.k), "x0": np.exp(theta.tx0 + eta.x0)}
+
+    kw = dict(theta={"tk": -1.0, "tx0": 2.2}, omega={"k": 0.1, "x0": 0.05},
+              error={"y": nl.Proportional(0.2)})
+    table = _decay_table()
+    read = read_events(table, DECAY, {1: "x"}, "y", params=[0.3, 1.0], tspan=(0.0, 4.0),
+                       initial={"x": "x0"})
+    assert read[0].problem.u0_function is not None
+    plain = read_events(table, DECAY, {1: "x"}, "y", params=[0.3, 1.0], tspan=(0.0, 4.0))
+    scaled = read_events(table, SCALED, {1: "r"}, "y", params=[0.3, 1.0], tspan=(0.0, 4.0),
+                         u0=[1.0])
+    ref = nl.NLME(SCALED, ind, **kw)
+    ref_fits = ref.prepare(scaled)
+    x = ref._start(None) + 0.05
+    for pop, subjects in ((nl.NLME(DECAY, ind, **kw), read),
+                          (nl.NLME(DECAY, ind, initial={"x": lambda p: p.x0}, **kw), plain)):
+        fits = pop.prepare(subjects)
+        for method in ("focei", "laplace"):
+            v, _, parts = pop._objective_and_gradient(fits, x, pop._zero_etas(fits), method)
+            v_ref, _, parts_ref = ref._objective_and_gradient(ref_fits, x,
+                                                              ref._zero_etas(ref_fits), method)
+            assert v == pytest.approx(v_ref, abs=1e-6)
+            np.testing.assert_allclose(pop.gradient_x(x, parts), ref.gradient_x(x, parts_ref),
+                                       rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="`initial` names 'y', not a state of the model"):
+        nl.NLME(DECAY, ind, initial={"y": "x0"}, **kw)
+    with pytest.raises(ValueError, match=r"`initial\['x'\]` is 'v', not a parameter"):
+        read_events(table, DECAY, {1: "x"}, "y", params=[0.3, 1.0], initial={"x": "v"})
+    with pytest.raises(ValueError, match="has initial values as a function already"):
+        nl.NLME(DECAY, ind, initial={"x": "x0"}, **kw).prepare(read)

@@ -7,7 +7,8 @@ against the closed form of one-compartment elimination with allometric
 clearance, the gradient of its loss (GaussAdjoint, the default) against
 central finite differences, a fit recovering the parameters, and the errors
 (callable rules and `params` that would freeze a time-varying value,
-bad options, `sciml.nlme`, which does not take them yet).
+bad options); `sciml.nlme` following the covariate either way; replicate rows in
+`loss_and_grad` counted each.
 """
 
 import math
@@ -204,16 +205,46 @@ def test_errors():
         read(time_varying=True, params=lambda c: MODEL.init_params(CL=2.0, V=10.0, WT=c["WT"]))
 
 
-def test_nlme_refuses_time_varying_covariates():
-    def individual(theta, eta, cov):
+def test_nlme_follows_time_varying_covariates_either_way():
+    # individual() reading cov.WT in time, or the problem's own changes from the rule
+    # WT="WT" (individual() leaving WT alone): the same pieces, the same objective
+    def reads(theta, eta, cov):
         return {"CL": np.exp(theta.tcl + eta.cl), "WT": cov.WT}
 
-    pop = nl.NLME(MODEL, individual, theta={"tcl": math.log(2.0)}, omega={"cl": 0.1},
-                  error={"conc": nl.Additive(0.1)})
-    subs = read(time_varying=True)
-    with pytest.raises(ValueError, match="NLME: covariate 'WT' of subject 1 changes with time"):
-        pop.prepare(subs)
-    pop.prepare(subs[1:])  # subject 2's weight is constant
-    ruled = read(time_varying=True, covariate_params={"WT": "WT"})
-    with pytest.raises(ValueError, match=r"NLME: subject 1's problem has parameter changes"):
-        pop.prepare(ruled)
+    def leaves(theta, eta, cov):
+        return {"CL": np.exp(theta.tcl + eta.cl)}
+
+    kw = dict(theta={"tcl": math.log(2.0)}, omega={"cl": 0.1}, error={"conc": nl.Additive(0.1)})
+    bare, ruled = read(time_varying=True), read(time_varying=True, covariate_params={"WT": "WT"})
+    a = nl.NLME(MODEL, reads, **kw).objective(bare)
+    assert nl.NLME(MODEL, leaves, **kw).objective(ruled) == pytest.approx(a, rel=1e-7)
+    with pytest.warns(UserWarning, match="their first value is used"):
+        first = nl.NLME(MODEL, reads, **kw).objective(read())
+    assert abs(first - a) > 1.0  # the weight's change matters
+    with pytest.raises(ValueError, match=r"NLME: subject 1 has a sciml.Change of 'WT' at "
+                                         r"t = 5, a parameter `individual` sets"):
+        nl.NLME(MODEL, reads, **kw).prepare(ruled)
+
+
+def test_replicates_count_each_row_in_loss_and_grad():
+    # rows sharing a time are each an observation: the loss and gradient of the data split
+    # in two (one row of each time in each), through changes and without them
+    s, data = _subject_and_data()
+    t, y = data.t, data.y[:, 0]
+    both = sciml.Data(t=np.repeat(t, 2), y=np.stack([y, 1.1 * y], axis=1).reshape(-1, 1),
+                      observables=["conc"], repeated_times=True)
+    halves = [sciml.Data(t=t, y=(c * y)[:, None], observables=["conc"]) for c in (1.0, 1.1)]
+    th = np.array([2.3, 9.0, 72.0])
+    for prob in (s.problem.remake(params=th), s.problem.remake(params=th, changes=())):
+        v, g = sciml.loss_and_grad(prob, both, rtol=1e-10, atol=1e-12)
+        parts = [sciml.loss_and_grad(prob, d, rtol=1e-10, atol=1e-12) for d in halves]
+        assert v == pytest.approx(sum(p[0] for p in parts), rel=1e-12)
+        np.testing.assert_allclose(g, sum(p[1] for p in parts), rtol=1e-10)
+        assert sciml.loss_value(prob, both, rtol=1e-10, atol=1e-12) == pytest.approx(v)
+    # states observed directly
+    states = sciml.Data(t=np.repeat(t, 2), y=10 * both.y, repeated_times=True)
+    v, g = sciml.loss_and_grad(s.problem, states, rtol=1e-10, atol=1e-12)
+    parts = [sciml.loss_and_grad(s.problem, sciml.Data(t=t, y=10 * d.y), rtol=1e-10,
+                                 atol=1e-12) for d in halves]
+    assert v == pytest.approx(sum(p[0] for p in parts), rel=1e-12)
+    np.testing.assert_allclose(g, sum(p[1] for p in parts), rtol=1e-10)
