@@ -551,6 +551,13 @@ class PetabProblem:
             chains[name] = ch
             self.nets[name].chain = ch
         self._mech = mech
+        # the model parameters the states depend on: those of the right-hand side, the
+        # initial values, and a switch's or event's time and values; the others (scales,
+        # offsets, noise) reach only observables, whose parameter derivatives need no
+        # forward sensitivities
+        dyn = {q.name for e in rhs for q in e.free_symbols} | set(self._u0_names) \
+            | set(self._switches.parameters) | set(self._switches.symbols())
+        self._dynamic = frozenset(i for i, q in enumerate(mech) if q in dyn)
         self._switches.bind(mech)
         # the model's names: SBML ids that are not plain Python names (`_Cyt__CCND`) mapped
         py = _python_names(states + mech + obs_ids + sig_names)
@@ -876,13 +883,14 @@ class PetabProblem:
     def _method(self, sim):
         """The sensitivity method for one simulation: forward sensitivities only for the
         model parameters the estimated ones reach (the rest of a PEtab model's parameters,
-        its initial values among them, are fixed for the simulation)."""
+        its initial values among them, are fixed for the simulation) and the states depend
+        on (an observable's own parameters get their derivatives directly)."""
         sa = self.sensealg
         if type(sa) is not adjoints.ForwardSensitivity or sa.params is not None:
             return sa
         m = sim.get("_method")
         if m is None or m[0] is not sa:
-            reached = set(sim["outer"].reached)
+            reached = set(sim["outer"].reached) & self._dynamic
             for _, sl in sim["outer"].model_nets:
                 reached |= set(range(sl.start, sl.stop))
             if sim.get("pre") is not None:
