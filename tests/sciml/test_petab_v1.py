@@ -232,6 +232,43 @@ def test_a_parameter_named_like_a_placeholder(tmp_path):
     _check_against(pp, yaml, t, x)
 
 
+def test_rows_assigning_placeholders_differently_are_one_simulation(tmp_path):
+    # each row its own noise value and, alternately, a number or a parameter for the
+    # observable's scale: one solve of the experiment, each row reading its own assignment
+    yaml, t = _switch_problem(tmp_path)
+    d = tmp_path / "switch"
+    (d / "observables.tsv").write_text(
+        "observableId\tobservableFormula\tnoiseFormula\n"
+        "obs_x\tobservableParameter1_obs_x * x\tnoiseParameter1_obs_x\n")
+    sig = 0.1 + 0.02 * np.arange(len(t))
+    scale = ["2", "sc"] * (len(t) // 2)
+    (d / "measurements.tsv").write_text(
+        "observableId\tsimulationConditionId\ttime\tmeasurement\tobservableParameters\t"
+        "noiseParameters\n" + "".join(f"obs_x\tc0\t{ti}\t{0.5 + 0.1 * ti}\t{c}\t{s}\n"
+                                     for ti, c, s in zip(t, scale, sig)))
+    with open(d / "parameters.tsv", "a") as f:
+        f.write("sc\tlin\t0.1\t10\t3\t0\n")
+    pp = sciml.petab.load(yaml)
+    assert len(pp.sims) == 1
+    a, k, tau = 1.0, 0.5, 2.0
+    x = np.where(t < tau, a / k * (1 - np.exp(-k * t)),
+                 a / k * (1 - np.exp(-k * tau)) * np.exp(-k * (t - tau)))
+    r = ((0.5 + 0.1 * t) - np.where(np.array(scale) == "2", 2.0, 3.0) * x) / sig
+    assert pp.llh(pp.nominal) == pytest.approx(
+        -np.sum(0.5 * np.log(2 * np.pi * sig ** 2) + 0.5 * r ** 2), rel=1e-7)
+    np.testing.assert_allclose(pp.simulate(pp.nominal)["simulation"],
+                               np.where(np.array(scale) == "2", 2.0, 3.0) * x, rtol=1e-7)
+
+
+def test_a_placeholder_without_a_value_is_named(tmp_path):
+    yaml, t = _switch_problem(tmp_path)
+    d = tmp_path / "switch"
+    _edit(d / "observables.tsv", "x\t0.1", "x\tnoiseParameter1_obs_x")
+    with pytest.raises(PetabError, match=r"measurements.tsv, line 2, column 'noiseParameters'"
+                                         r": no value for the placeholder"):
+        sciml.petab.load(yaml)
+
+
 def test_state_triggered_event_assigning_a_parameter_is_refused(tmp_path):
     ev = _EVENT.replace('<csymbol encoding="text"\n          definitionURL='
                         '"http://www.sbml.org/sbml/symbols/time">t</csymbol>', "<ci>x</ci>")
