@@ -10,7 +10,7 @@ import sympy
 from .errors import PetabError
 from .sbml import symbol
 
-__all__ = ["Outer", "PLACEHOLDER"]
+__all__ = ["Outer", "PLACEHOLDER", "placeholder_of"]
 
 PLACEHOLDER = re.compile(r"^(observable|noise)Parameter(\d+)_(\w+)$")
 
@@ -159,8 +159,8 @@ class Resolver:
         elif name in self.ph:
             v = self.ph[name]
             v = sympy.Float(float(v)) if _is_number(v) else deep(symbol(v))
-        elif PLACEHOLDER.match(name):
-            oid = PLACEHOLDER.match(name).group(3)
+        elif placeholder_of(pp, name) is not None:
+            oid = placeholder_of(pp, name)
             if oid in self.measured:
                 raise PetabError(f"experiment {self.eid!r}: the measurements of {oid!r} give "
                                  f"no value for its placeholder {name!r} (columns "
@@ -192,6 +192,17 @@ class Resolver:
                              "value (not in the parameter table, the conditions or the model)")
         self.cache[s] = v
         return v
+
+
+def placeholder_of(pp, name):
+    """The observable whose placeholder `name` is (``noiseParameter1_obs`` -> ``obs``), or
+    None: a name of that form is a placeholder only where its suffix is an observable and
+    the parameter table does not list it (Lang_PLOSComputBiol2024 estimates parameters
+    named ``noiseParameter2_cycA_nuc``, ``cycA_nuc`` being no observable)."""
+    m = PLACEHOLDER.match(name)
+    if m is None or name in pp.params or m.group(3) not in pp._obs_rows:
+        return None
+    return m.group(3)
 
 
 def _is_number(v):

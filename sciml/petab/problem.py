@@ -26,6 +26,7 @@ import re
 from dataclasses import replace
 
 import numpy as np
+import sympy
 import yaml
 
 import adjoints
@@ -39,7 +40,7 @@ from ..solvers.kernels.observe import observe_jumps
 from ..steady import steady_state
 from . import likelihood as lk
 from .errors import PetabError
-from .experiment import PLACEHOLDER, Outer
+from .experiment import PLACEHOLDER, Outer, placeholder_of
 from .sbml import TIME, read_sbml, symbol
 from .switches import Switches
 from .tables import number, parse_formula, read_table
@@ -428,6 +429,60 @@ class PetabProblem:
                 raise PetabError(f"{where}: unknown parameter or entity {s.name!r} (not in the "
                                  "SBML model, the parameter, condition or mapping tables)")
 
+    def _placeholder_groups(self, parsed):
+        """The model's observables: ``(names, observable formulas, noise formulas)``.
+
+        An observable whose formulas have placeholders (``observableParameter1_obs``,
+        ``noiseParameter1_obs``) becomes one model observable per distinct assignment of
+        them in the measurement table, the row's values (numbers, or parameters) put in
+        its formulas; ``self._obs_col[(oid, observable parameters, noise parameters)]``
+        is the model observable of a row. So an experiment is one simulation however
+        its rows assign the placeholders (Chen_MSB2009's 4 experiments were 39 solves of
+        500 states when each assignment had a simulation of its own). An observable
+        without placeholders is one model observable, named by its id."""
+        seen = {}  # oid -> {(op, np): where the assignment first appears}
+        for t in self.t_meas:
+            for line, row in t.rows():
+                key = (tuple(_split(t, line, "observableParameters", row)),
+                       tuple(_split(t, line, "noiseParameters", row)))
+                seen.setdefault(row.get("observableId", ""), {}).setdefault(key, (t, line))
+        names, obs_e, sig_e = [], [], []
+        self._obs_col = {}
+        for oid, e, s in parsed:
+            phs = {q for q in e.free_symbols | s.free_symbols
+                   if placeholder_of(self, q.name) == oid}
+            groups = list(seen.get(oid, {}).items())
+            if not phs or not groups:
+                # (an observable whose placeholders no row assigns is never measured: its
+                # placeholders are 1, never read)
+                names.append(oid)
+                obs_e.append(e.xreplace({q: sympy.Float(1.0) for q in phs}))
+                sig_e.append(s.xreplace({q: sympy.Float(1.0) for q in phs}))
+                self._obs_col[oid] = oid
+                continue
+            for k, (key, (t, line)) in enumerate(groups):
+                sub = {}
+                for kind, vals in zip(("observable", "noise"), key):
+                    for i, v in enumerate(vals):
+                        q = symbol(f"{kind}Parameter{i + 1}_{oid}")
+                        try:
+                            sub[q] = sympy.Float(float(v))
+                        except ValueError:
+                            sub[q] = symbol(v)
+                            self._check_symbols(sub[q], t.where(line, f"{kind}Parameters"))
+                missing = sorted(q.name for q in phs if q not in sub)
+                if missing:
+                    col = missing[0].split("Parameter")[0] + "Parameters"
+                    raise PetabError(f"{t.where(line, col)}: no value for the placeholder "
+                                     f"{missing[0]!r} of {oid!r} (columns observableParameters"
+                                     " / noiseParameters)")
+                name = oid if len(groups) == 1 else f"{oid}#{k}"
+                names.append(name)
+                obs_e.append(e.xreplace(sub))
+                sig_e.append(s.xreplace(sub))
+                self._obs_col[(oid,) + key] = name
+        return names, obs_e, sig_e
+
     def _build_model(self):
         sb = self.sbml
         self._cond_targets = {row["targetId"] for t in self.t_cond for _, row in t.rows()}
@@ -484,7 +539,7 @@ class PetabProblem:
                 self._assign_outer[tid] = e
         # expressions of the model, in SBML and PEtab symbols
         rhs = [sb.expand(sb.rhs[s]).xreplace(self._assign_model) for s in states]
-        obs_ids, obs_e, sig_e, self._obs_rows = [], [], [], {}
+        parsed, self._obs_rows = [], {}
         for t in self.t_obs:
             for line, row in t.rows():
                 oid = t.require(line, row, "observableId")
@@ -507,11 +562,11 @@ class PetabProblem:
                     raise PetabError(f"{t.where(line, 'observableTransformation')}: {tr!r} "
                                      f"with the noise distribution {dist!r}")
                 self._obs_rows[oid] = (kind, tr2 or lk.TRANSFORMS[tr])
-                obs_ids.append(oid)
-                obs_e.append(sb.expand(e).xreplace(self._assign_model))
-                sig_e.append(sb.expand(s).xreplace(self._assign_model))
-        self.observable_ids = obs_ids
-        sig_names = [f"sigma_{o}" for o in obs_ids]
+                parsed.append((oid, sb.expand(e).xreplace(self._assign_model),
+                               sb.expand(s).xreplace(self._assign_model)))
+        self.observable_ids = [oid for oid, _, _ in parsed]
+        obs_names, obs_e, sig_e = self._placeholder_groups(parsed)
+        sig_names = [f"sigma_{o}" for o in obs_names]
         # piecewise switches in time: flag parameters, changed at the switching times
         taken = set(self.params) | set(sb.initial) | set(states) | set(self.entity)
         for e in rhs + obs_e + sig_e:
@@ -551,9 +606,16 @@ class PetabProblem:
             chains[name] = ch
             self.nets[name].chain = ch
         self._mech = mech
+        # the model parameters the states depend on: those of the right-hand side, the
+        # initial values, and a switch's or event's time and values; the others (scales,
+        # offsets, noise) reach only observables, whose parameter derivatives need no
+        # forward sensitivities
+        dyn = {q.name for e in rhs for q in e.free_symbols} | set(self._u0_names) \
+            | set(self._switches.parameters) | set(self._switches.symbols())
+        self._dynamic = frozenset(i for i, q in enumerate(mech) if q in dyn)
         self._switches.bind(mech)
         # the model's names: SBML ids that are not plain Python names (`_Cyt__CCND`) mapped
-        py = _python_names(states + mech + obs_ids + sig_names)
+        py = _python_names(states + mech + obs_names + sig_names)
         self._py = py
         sym_of = {**{symbol(s): ("u", py[s]) for s in states},
                   **{symbol(p): ("p", py[p]) for p in mech}}
@@ -585,14 +647,14 @@ class PetabProblem:
                              "with switches or events in time are not supported yet")
 
         observables = {}
-        for k, name in enumerate(obs_ids + sig_names):
+        for k, name in enumerate(obs_names + sig_names):
             e = (obs_e + sig_e)[k]
             observables[py[name]] = _observable(bind, e)
         base = os.path.splitext(os.path.basename(self.sbml.path))[0]
         f.__name__ = _python_names([base])[base]
         self.model = Model(f, [py[s] for s in states], [py[p] for p in mech],
                            nets=chains or None, observables=observables)
-        self._sig_names = sig_names
+        self._obs_names, self._sig_names = obs_names, sig_names
         u0_names = [py[n] for n in self._u0_names]
         self._u0_fn = lambda p: [getattr(p, n) for n in u0_names]
         self.states = states
@@ -678,20 +740,11 @@ class PetabProblem:
                 pre_changes = {}
                 for c in (c for p in pre for c in p[1]):
                     pre_changes.update(cond.get(c, {}))
-            # placeholders: one simulation per distinct assignment of every observable's
-            by_obs = {}
-            for r in rs:
-                by_obs.setdefault(r[1], [])
-                if (r[4], r[5]) not in by_obs[r[1]]:
-                    by_obs[r[1]].append((r[4], r[5]))
-            n_groups = max(len(v) for v in by_obs.values())
-            for g in range(n_groups):
-                mine = [r for r in rs if by_obs[r[1]].index((r[4], r[5])) == g]
-                if mine:
-                    sim = self._simulation(eid, cids, t0, changes, mine)
-                    if pre_changes is not None:
-                        sim["pre"] = self._preequilibration(eid, pre, pre_changes, changes)
-                    self.sims.append(sim)
+            # (placeholders are in the model's observables: `_placeholder_groups`)
+            sim = self._simulation(eid, cids, t0, changes, rs)
+            if pre_changes is not None:
+                sim["pre"] = self._preequilibration(eid, pre, pre_changes, changes)
+            self.sims.append(sim)
 
     def _preequilibration(self, eid, periods, pre_changes, changes):
         """What a simulation needs to start from the steady state of its pre-equilibration:
@@ -747,11 +800,6 @@ class PetabProblem:
         sim["outer"].vjp(g, tape, gz, gW)
 
     def _simulation(self, eid, cids, t0, changes, rs):
-        ph = {}
-        for _, oid, _, _, op, npar in rs:
-            for kind, vals in (("observable", op), ("noise", npar)):
-                for i, v in enumerate(vals):
-                    ph[f"{kind}Parameter{i + 1}_{oid}"] = v
         times = np.unique([r[2] for r in rs])
         steady = bool(times[-1] == math.inf)  # measured at steady state
         if steady:
@@ -759,19 +807,21 @@ class PetabProblem:
         if times[0] < t0:
             raise PetabError(f"experiment {eid!r}: a measurement at t = {times[0]} precedes its "
                              f"start t = {t0}")
-        names = list(self.observable_ids) + self._sig_names
-        col = {n: i for i, n in enumerate(names)}
-        names = [self._py[n] for n in names]
-        n_obs = len(self.observable_ids)
+        # the model observable of each row (its placeholders' assignment), and the columns
+        # this simulation reads: those observables, then their noise formulas
+        of_row = [self._obs_col.get(r[1]) or self._obs_col[(r[1], r[4], r[5])] for r in rs]
+        used = list(dict.fromkeys(of_row))
+        col = {n: i for i, n in enumerate(used)}
+        names = [self._py[n] for n in used] + [self._py[f"sigma_{n}"] for n in used]
         row_t = np.searchsorted(times, [r[2] for r in rs]) if not steady else \
             np.zeros(len(rs), dtype=np.int64)
-        row_y = np.array([col[r[1]] for r in rs])
+        row_y = np.array([col[n] for n in of_row], dtype=np.int64)
         meas = lk.Measurements(
-            times, names, row_t, row_y, row_y + n_obs, np.array([r[3] for r in rs]),
+            times, names, row_t, row_y, row_y + len(used), np.array([r[3] for r in rs]),
             np.array([self._obs_rows[r[1]][0] for r in rs]),
             np.array([self._obs_rows[r[1]][1] for r in rs]))
+        outer = Outer(self, eid, cids, changes, {}, ())
         tf = times[-1] if times[-1] > t0 else t0 + 1.0
-        outer = Outer(self, eid, cids, changes, ph, {r[1] for r in rs})
         theta = outer.theta(*self._split_x(self.nominal))[0]
         prob = ODEProblem(self.model, self._u0_fn, (t0, tf), theta, events=self._events)
         return dict(experiment=eid, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer,
@@ -876,13 +926,14 @@ class PetabProblem:
     def _method(self, sim):
         """The sensitivity method for one simulation: forward sensitivities only for the
         model parameters the estimated ones reach (the rest of a PEtab model's parameters,
-        its initial values among them, are fixed for the simulation)."""
+        its initial values among them, are fixed for the simulation) and the states depend
+        on (an observable's own parameters get their derivatives directly)."""
         sa = self.sensealg
         if type(sa) is not adjoints.ForwardSensitivity or sa.params is not None:
             return sa
         m = sim.get("_method")
         if m is None or m[0] is not sa:
-            reached = set(sim["outer"].reached)
+            reached = set(sim["outer"].reached) & self._dynamic
             for _, sl in sim["outer"].model_nets:
                 reached |= set(range(sl.start, sl.stop))
             if sim.get("pre") is not None:

@@ -14,6 +14,7 @@ pytest.importorskip("libsbml")
 petab = pytest.importorskip("petab")
 pd = pytest.importorskip("pandas")
 
+import adjoints  # noqa: E402
 import sciml.petab  # noqa: E402
 from sciml.petab import PetabError  # noqa: E402
 
@@ -43,6 +44,20 @@ def test_reproduces_amici_and_its_gradient(yaml):
     x = pp.nominal + 0.05 * np.random.default_rng(1).standard_normal(len(pp.nominal))
     _, g = pp.llh_and_grad(x)
     _fd_check(yaml, x, g)
+
+
+def test_forward_sensitivities_only_for_what_the_states_depend_on():
+    # Boehm's noise parameters sd_* are estimated but reach only the noise formulas: their
+    # derivatives come from the observables directly, without sensitivity columns
+    pp = sciml.petab.load(BOEHM, sensealg=adjoints.ForwardSensitivity())
+    cols = {pp.model.params[i] for i in pp._method(pp.sims[0]).params}
+    assert {"k_phos", "k_exp_homo", "Epo_degradation_BaF3"} <= cols
+    assert not any(c.startswith("sd_") for c in cols)
+    x = pp.nominal + 0.05 * np.random.default_rng(1).standard_normal(len(pp.nominal))
+    _, g = pp.llh_and_grad(x)
+    pp.sensealg = adjoints.GaussAdjoint()
+    _, ga = pp.llh_and_grad(x)
+    np.testing.assert_allclose(g, ga, rtol=1e-5, atol=1e-6 * np.max(np.abs(ga)))
 
 
 def _copy(tmp_path, src=BOEHM):
@@ -199,6 +214,59 @@ def test_sbml_event_at_a_time(tmp_path):
                  np.where(t < 3.2, x_tau * np.exp(-k * (t - tau)),
                           x_ev * np.exp(-2 * a * (t - 3.2))))
     _check_against(pp, yaml, t, x)
+
+
+def test_a_parameter_named_like_a_placeholder(tmp_path):
+    # noiseParameter1_sd is a parameter of the table (sd is no observable), as
+    # Lang_PLOSComputBiol2024's noiseParameter2_cycA_nuc: its value is the table's, not
+    # the 1.0 an unmeasured observable's placeholder gets
+    yaml, t = _switch_problem(tmp_path)
+    d = tmp_path / "switch"
+    _edit(d / "observables.tsv", "x\t0.1", "x\tnoiseParameter1_sd")
+    with open(d / "parameters.tsv", "a") as f:
+        f.write("noiseParameter1_sd\tlin\t0.01\t1\t0.1\t0\n")
+    pp = sciml.petab.load(yaml)
+    a, k, tau = 1.0, 0.5, 2.0
+    x = np.where(t < tau, a / k * (1 - np.exp(-k * t)),
+                 a / k * (1 - np.exp(-k * tau)) * np.exp(-k * (t - tau)))
+    _check_against(pp, yaml, t, x)
+
+
+def test_rows_assigning_placeholders_differently_are_one_simulation(tmp_path):
+    # each row its own noise value and, alternately, a number or a parameter for the
+    # observable's scale: one solve of the experiment, each row reading its own assignment
+    yaml, t = _switch_problem(tmp_path)
+    d = tmp_path / "switch"
+    (d / "observables.tsv").write_text(
+        "observableId\tobservableFormula\tnoiseFormula\n"
+        "obs_x\tobservableParameter1_obs_x * x\tnoiseParameter1_obs_x\n")
+    sig = 0.1 + 0.02 * np.arange(len(t))
+    scale = ["2", "sc"] * (len(t) // 2)
+    (d / "measurements.tsv").write_text(
+        "observableId\tsimulationConditionId\ttime\tmeasurement\tobservableParameters\t"
+        "noiseParameters\n" + "".join(f"obs_x\tc0\t{ti}\t{0.5 + 0.1 * ti}\t{c}\t{s}\n"
+                                     for ti, c, s in zip(t, scale, sig)))
+    with open(d / "parameters.tsv", "a") as f:
+        f.write("sc\tlin\t0.1\t10\t3\t0\n")
+    pp = sciml.petab.load(yaml)
+    assert len(pp.sims) == 1
+    a, k, tau = 1.0, 0.5, 2.0
+    x = np.where(t < tau, a / k * (1 - np.exp(-k * t)),
+                 a / k * (1 - np.exp(-k * tau)) * np.exp(-k * (t - tau)))
+    r = ((0.5 + 0.1 * t) - np.where(np.array(scale) == "2", 2.0, 3.0) * x) / sig
+    assert pp.llh(pp.nominal) == pytest.approx(
+        -np.sum(0.5 * np.log(2 * np.pi * sig ** 2) + 0.5 * r ** 2), rel=1e-7)
+    np.testing.assert_allclose(pp.simulate(pp.nominal)["simulation"],
+                               np.where(np.array(scale) == "2", 2.0, 3.0) * x, rtol=1e-7)
+
+
+def test_a_placeholder_without_a_value_is_named(tmp_path):
+    yaml, t = _switch_problem(tmp_path)
+    d = tmp_path / "switch"
+    _edit(d / "observables.tsv", "x\t0.1", "x\tnoiseParameter1_obs_x")
+    with pytest.raises(PetabError, match=r"measurements.tsv, line 2, column 'noiseParameters'"
+                                         r": no value for the placeholder"):
+        sciml.petab.load(yaml)
 
 
 def test_state_triggered_event_assigning_a_parameter_is_refused(tmp_path):
