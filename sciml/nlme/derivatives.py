@@ -144,6 +144,18 @@ def variance_terms(errors, sds, err_index, f):
     """`VarianceTerms` of predictions ``f``, observation ``j`` following error model
     ``errors[err_index[j]]`` with standard deviations ``sds[err_index[j]]``."""
     m, n_sigma = f.shape[0], sum(len(sd) for sd in sds)
+    if m and (len(errors) == 1 or not np.any(err_index != err_index[0])):
+        # one error model for every observation (the usual case): its terms as they are,
+        # the sd derivatives in its columns
+        q = int(err_index[0])
+        parts = errors[q].terms(f, sds[q])
+        o = sum(len(sd) for sd in sds[:q])
+        sig = []
+        for src in parts[3:]:
+            d = np.zeros((m, n_sigma))
+            d[:, o:o + len(sds[q])] = src.T
+            sig.append(d)
+        return VarianceTerms(*(np.array(a, dtype=float) for a in parts[:3]), *sig)
     out = VarianceTerms(*[np.empty(m) for _ in range(3)],
                         *[np.zeros((m, n_sigma)) for _ in range(3)])
     o = 0

@@ -215,6 +215,9 @@ def _positive_definite(M):
 def variances(errors, sds, err_index, f):
     """``(R, dR/df)`` of predictions ``f``, observation ``j`` following error model
     ``errors[err_index[j]]`` with standard deviations ``sds[err_index[j]]``."""
+    if f.shape[0] and (len(errors) == 1 or not np.any(err_index != err_index[0])):
+        q = int(err_index[0])  # one error model for every observation: only its R, R'
+        return tuple(np.array(a, dtype=float) for a in errors[q].terms(f, sds[q])[:2])
     return tuple(variance_terms(errors, sds, err_index, f)[:2])
 
 
