@@ -30,6 +30,8 @@ from collections import namedtuple
 import numpy as np
 from scipy.special import log_ndtr
 
+from .kernels import second_order_into
+
 _FD_PHI = 3e-4   # relative step of the central differences of the sensitivities
 _FD_CURV = 1e-3  # largest relative change of phi in the second differences (`curvatures`)
 _FD_IND = 1e-5   # step of the central differences of the individual function's 2nd derivatives
@@ -174,7 +176,7 @@ def variance_terms(errors, sds, err_index, f):
 def _sensitivities(s, phi):
     """``df/dQ`` (m, n_q) in the subject's columns (`predict`: the stacked individual
     parameters, then the estimated weights) at individual parameters ``phi``."""
-    return s.sf.predict(phi, True, s.weights, s.weight_index, full=True)[1]
+    return s.sf.sensitivities(phi, s.weights, s.weight_index)
 
 
 def directional(s, phi, V):
@@ -234,11 +236,11 @@ class Local:
             return
         self.pee, self.pet = ind.second_derivatives(s.theta, eta)
         self.DF = directional(s, self.phi, self.pe)
-        pe, DFphi = self.pe, self.DF[:, :, self.phi_cols]
-        Gee = np.einsum("jak,kc->jac", DFphi, pe) + np.einsum("jk,kac->jac", self.F, self.pee)
-        self.Gee = 0.5 * (Gee + Gee.transpose(0, 2, 1))
-        Get = np.einsum("jak,kb->jab", DFphi, self.pt) + np.einsum("jk,kab->jab", self.F,
-                                                                     self.pet)
+        m, ne = self.G.shape
+        self.Gee = np.empty((m, ne, ne))
+        Get = np.empty((m, ne, self.pt.shape[1]))
+        second_order_into(self.Gee, Get, np.ascontiguousarray(self.DF[:, :, self.phi_cols]),
+                          self.F, self.pe, self.pee, self.pt, self.pet)
         self.dG = self.population(Get, self.DF[:, :, self.w_cols])
 
     def population(self, theta_part, weight_part, sigma_part=None):

@@ -90,6 +90,7 @@ from .derivatives import (
     residual_jets,
     variance_terms,
 )
+from .kernels import focei_gradient_into
 
 
 def gradient(s, eta):
@@ -177,6 +178,14 @@ def _laplace_type(s, loc):
     """FOCE-I and Laplace (``O(eta_hat) + log|Omega| + log|H|``)."""
     Oi, eta, G = s.omega_inv, loc.eta, loc.G
     vt = _variances(s, loc.f)
+    if s.method == "focei" and s.cens is None:  # the same terms in one compiled call
+        npop, ne = loc.df.shape[1], eta.shape[0]
+        d_pop, gamma = np.empty(npop), np.empty((ne, ne))
+        K, dg, H = np.empty((ne, ne)), np.empty((ne, npop)), np.empty((ne, ne))
+        focei_gradient_into(d_pop, gamma, K, dg, H, s.sf.y, loc.f, vt.R, vt.R1, vt.R2,
+                            vt.Rs, vt.R1s, loc.pt.shape[1], G, loc.Gee, loc.df, loc.dG,
+                            Oi, eta)
+        return d_pop, gamma, EtaStart(eta, EtaStart.psi_of(s), Oi, K, dg, H)
     L0, L1, L2, w = residual_jets(s.sf.y, loc.f, vt.R, vt.R1, vt.R2, s.cens)
     dr = Change(*_in_sigma(loc, (vt.Rs, vt.R1s, vt.R2s)))
     K = hessian(loc, L1.v, L2.v, Oi)

@@ -183,6 +183,14 @@ class SubjectFit:
         f, F = out
         return f.copy(), (None if F is None else F.copy())
 
+    def sensitivities(self, phi, weights=None, weight_index=None):
+        """``df/dQ`` at ``phi`` as `predict` gives it with ``full``, not kept (the
+        difference quotients' points, `derivatives.directional`, are seen once)."""
+        wi = weight_index if weights is not None else None
+        if len(self.pieces) == 1:
+            return self._whole(phi, True, weights, weight_index, wi)[1]
+        return self._chained(phi, True, weights, weight_index, wi)[1]
+
     # ---------------------------------------------------------------- one solve
 
     def _values(self, piece):
