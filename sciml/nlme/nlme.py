@@ -744,11 +744,22 @@ class NLME:
             if not np.isfinite(value):
                 return np.inf, np.zeros_like(z)
             state["etas"] = new
+            state["last"] = (z.tobytes(), value, new, parts)
             return value, self.gradient_x(x, parts)[free]
 
         z0 = _first_order(stages, fun_and_grad, x0[free])
         res = bfgs.minimize(fun_and_grad, z0, max_iter=max_iter, ftol=ftol)
         x = full(res.x)
+        last = state.get("last")
+        if res.nit > 0 and last is not None and last[0] == res.x.tobytes():
+            # the optimiser's last evaluation is at its result (it stops after an accepted
+            # step), its estimates started from the previous point's: its objective,
+            # estimates and gradient are the fit's, and the covariance step starts from
+            # them instead of evaluating them again (without an iteration, the only
+            # evaluation started the estimates from zero: they are polished once more)
+            _, value, starts, parts = last
+            return NLMEFit(self, fits, method, x, value, [st.eta for st in starts], res, free,
+                           covariance, at_estimates=(starts, parts))
         value, etas = self._objective(fits, x, method, state["etas"])
         return NLMEFit(self, fits, method, x, value, etas, res, free, covariance)
 

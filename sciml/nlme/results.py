@@ -48,8 +48,11 @@ class NLMEFit:
     """
 
     def __init__(self, pop, fits, method, x, value, etas, res, free, covariance,
-                 objective_method=None):
+                 objective_method=None, at_estimates=None):
         self.pop, self._fits, self.method = pop, fits, method
+        # (EtaStarts, gradient parts) of `NLME._objective_and_gradient` at x, when the fit
+        # has them: the covariance step's first gradient
+        self._at_estimates = at_estimates
         # the approximation the objective, its gradient and the covariance step use:
         # the method's own, FOCE-I for SAEM (which has no objective of its own)
         self.objective_method = objective_method or method
@@ -154,7 +157,8 @@ class NLMEFit:
     def _standard_errors(self):
         """The covariance step: ``2 Hess^-1`` of the objective in `_natural`'s parameters,
         the Hessian by forward differences of the method's exact gradient (n + 1
-        gradients for n parameters; relative step 1e-4: truncation and the gradient's
+        gradients for n parameters, n when the fit handed over the one at its estimates,
+        `at_estimates`; relative step 1e-4: truncation and the gradient's
         rounding both near 1e-4 of the Hessian, far below what a standard error needs)."""
         pop, fits = self.pop, self._fits
         names, v0, to_x = self._natural()
@@ -170,7 +174,11 @@ class NLMEFit:
             return self._natural_gradient(parts)[free], new
 
         try:
-            g0, starts = grad(v0, etas)  # the estimates' moves predicted from here
+            if self._at_estimates is not None:
+                starts, parts = self._at_estimates
+                g0 = self._natural_gradient(parts)[free]
+            else:
+                g0, starts = grad(v0, etas)  # the estimates' moves predicted from here
             for a in range(n):
                 e = np.zeros_like(v0)
                 e[free[a]] = h[a]
