@@ -9,14 +9,17 @@ compile and the solves together, in this process).
 
 References, each independent of us: AMICI's values where it publishes one (`AMICI`,
 below: its tests/benchmark_models/benchmark_models.yaml, BSD-3-Clause, with its CI
-ceilings for simulation, forward and adjoint sensitivities); libroadrunner's (CVODE at
+ceilings for simulation, forward and adjoint sensitivities); AMICI run on this machine
+(``benchmarks/petab_amici.py``: AMICI 1.0.1 at its CI's rtol = atol = 1e-8, read from
+``benchmarks/results/petab_amici.json``, labelled "AMICI here"); libroadrunner's (CVODE at
 rtol 1e-10: ``benchmarks/petab_roadrunner.py``, run in its own environment, read from
 its JSON); the collection's own ``simulatedData`` table, its llh computed by the `petab`
 library (``calculate_llh``), used only where its simulations agree with ours (where
 they do not, the table is not at the nominal parameters and is reported as such). The
-closest of them is the row's reference. The likelihood is compared without priors, as
-AMICI reports it. Times of AMICI itself, where ``benchmarks/results/petab_amici.json``
-(a peer's run) is there, are shown beside its CI ceilings.
+closest of them is the row's reference, and every other one's difference is reported
+beside it (where two references disagree with each other, the table shows which one we
+side with). The likelihood is compared without priors, as AMICI reports it. AMICI's
+measured times from the same JSON are shown beside its CI ceilings.
 
 The collection is not vendored: clone Benchmarking-Initiative/Benchmark-Models-PEtab
 and pass its ``Benchmark-Models`` folder (or set BENCHMARK_MODELS_PETAB)::
@@ -179,7 +182,7 @@ def sim_difference(ours, ref):
     return float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6 * np.max(np.abs(b)))))
 
 
-def run_model(name, folder, quick, roadrunner=None):
+def run_model(name, folder, quick, roadrunner=None, amici_here=None):
     import adjoints
     import sciml.petab
 
@@ -218,6 +221,10 @@ def run_model(name, folder, quick, roadrunner=None):
         row.update(ref_collection=cref[0], ref_sim_diff=cref[1])
         if cref[0] is not None and cref[1] <= SIM_AGREE:
             refs.append((abs(row["llh"] - cref[0]), cref[0], "collection"))
+    here = (amici_here or {}).get(name, {})
+    if "llh" in here:
+        row["ref_amici_here"] = here["llh"]
+        refs.append((abs(row["llh"] - here["llh"]), here["llh"], "AMICI here"))
     rr = (roadrunner or {}).get(name, {})
     if "llh" in rr:
         row["ref_roadrunner"] = rr["llh"]
@@ -273,7 +280,7 @@ def main(argv=None):
     ap.add_argument("--roadrunner", default=os.path.join(RESULTS, "petab_roadrunner.json"),
                     help="libroadrunner's llh per model (benchmarks/petab_roadrunner.py)")
     ap.add_argument("--amici", default=os.path.join(RESULTS, "petab_amici.json"),
-                    help="AMICI's measured times per model, where a peer's run wrote them")
+                    help="AMICI's llh and measured times per model (benchmarks/petab_amici.py)")
     ap.add_argument("--markdown", nargs="*", metavar="JSON",
                     help="print the table of earlier runs' JSON files and exit")
     a = ap.parse_args(argv)
@@ -294,7 +301,7 @@ def main(argv=None):
     rows = []
     roadrunner = read_json_models(a.roadrunner, "models")
     for name in names:
-        row = run_model(name, os.path.join(a.collection, name), a.quick, roadrunner)
+        row = run_model(name, os.path.join(a.collection, name), a.quick, roadrunner, amici)
         rows.append(row)
         print(_line(row), flush=True)
         if a.json:
@@ -326,8 +333,25 @@ def summary(rows):
     by = {}
     for r in good:
         by[r["ref_source"]] = by.get(r["ref_source"], 0) + 1
+    strict = [r for r in good if r["llh_err"] <= 1e-3]
+    split = [f"{r['model']} ({', '.join(f'{k} {d:+.2g}' for k, d in others(r))})"
+             for r in ok if others(r)]
     return (f"{len(ok)} of {len(rows)} run; {len(good)} reproduce their closest reference "
-            f"llh to 1e-3 ({', '.join(f'{k} {v}' for k, v in sorted(by.items()))})")
+            f"llh to 1e-3 relative past |llh| = 1 "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}), {len(strict)} of them "
+            f"to 1e-3 absolute" + (f"; our llh minus another reference's, past 1e-3: "
+                                   f"{'; '.join(split)}" if split else ""))
+
+
+REF_KEYS = (("AMICI", "ref_amici"), ("AMICI here", "ref_amici_here"),
+            ("roadrunner", "ref_roadrunner"))
+
+
+def others(r):
+    """``[(source, ours - its llh)]`` of the llh references (AMICI's published, AMICI
+    run here, roadrunner's) that differ from our llh by more than 1e-3."""
+    return [(k, r["llh"] - r[key]) for k, key in REF_KEYS
+            if r.get(key) is not None and abs(r["llh"] - r[key]) > 1e-3]
 
 
 def _delta(r, key):
@@ -340,14 +364,16 @@ def markdown(rows, amici=None):
     """The README's table of `rows` (one per model); `amici`: AMICI's measured times per
     model (a peer's run), where there are some."""
     amici = amici or {}
-    head = ("| model | states | params | llh | - AMICI | - roadrunner | - collection | fd | "
+    head = ("| model | states | params | llh | - AMICI | - AMICI here | - roadrunner | "
+            "- collection | fd | "
             "llh s | fwd s | adj s | first s | AMICI fwd / adj s | AMICI ceilings fwd / adj s |")
     ncol = head.count("|") - 1
     out = [head, "|" + "---|" * ncol]
     for r in rows:
-        if "refused" in r:
-            out.append(f"| {r['model']} | | | refused: {r['refused'][:110]} |"
-                       + " |" * (ncol - 4))
+        if "refused" in r or "not_run" in r:
+            why = (f"refused: {r['refused'][:110]}" if "refused" in r
+                   else f"not run here: {r['not_run']}")
+            out.append(f"| {r['model']} | | | {why} |" + " |" * (ncol - 4))
             continue
         am = r.get("t_amici")
         ceil = f"{am[1]} / {am[2]}" if am and am[1] is not None else ""
@@ -365,7 +391,7 @@ def markdown(rows, amici=None):
 
         mark = "" if reproduces(r) else " (no)"
         out.append(f"| {r['model']} | {r['n_states']} | {r['n_params']} | {r['llh']:.4f}{mark}"
-                   f" | {_delta(r, 'ref_amici')} | {rr} | {coll} | "
+                   f" | {_delta(r, 'ref_amici')} | {_delta(r, 'ref_amici_here')} | {rr} | {coll} | "
                    f"{r.get('grad_fd', float('nan')):.0e} | {t('t_llh')} | "
                    f"{t('t_fwd')} | {t('t_adj')} | {r['t_first']:.1f} | {measured} | {ceil} |")
     return "\n".join(out)
