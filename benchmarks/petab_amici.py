@@ -5,7 +5,12 @@ package)::
 
     /work/amicivenv/bin/python benchmarks/petab_amici.py --collection PATH \
         [--models A B ...] [--models-dir /work/amici_models] [--repeat 5] \
+        [--rtol 1e-8 --atol 1e-8 --max-steps 10000] \
         [--json benchmarks/results/petab_amici.json]
+
+``--rtol/--atol/--max-steps`` change the solver's settings from AMICI's CI's (the
+reference run at rtol 1e-12, atol 1e-16 is ``results/petab_amici_tight.json``: the llh of
+models whose value moves with the tolerance, Okuonghae's and Oliveira's, converged).
 
 For each model: AMICI's PEtab v1 import (`amici.importers.petab.v1.
 import_petab_problem`, the SBML -> C++ code generation and compile, timed
@@ -127,8 +132,9 @@ def _median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def run_one(folder, models_dir, repeat, budget):
-    """One model, in this process; returns its row."""
+def run_one(folder, models_dir, repeat, budget, rtol=RTOL, atol=ATOL, max_steps=MAX_STEPS):
+    """One model, in this process, at the solver's tolerances `rtol`, `atol` and step
+    limit `max_steps` (AMICI's CI settings by default); returns its row."""
     import logging
 
     import numpy as np
@@ -141,7 +147,6 @@ def run_one(folder, models_dir, repeat, budget):
         SteadyStateSensitivityMode,
     )
     from amici.sim.sundials.petab.v1 import (
-        EDATAS,
         LLH,
         RDATAS,
         SLLH,
@@ -202,9 +207,9 @@ def run_one(folder, models_dir, repeat, budget):
         n_params=int(problem.parameter_df[petab.ESTIMATE].sum()),
     )
     solver = model.create_solver()
-    solver.set_absolute_tolerance(ATOL)
-    solver.set_relative_tolerance(RTOL)
-    solver.set_max_steps(MAX_STEPS)
+    solver.set_absolute_tolerance(atol)
+    solver.set_relative_tolerance(rtol)
+    solver.set_max_steps(max_steps)
     if name in SS_INTEGRATION_ONLY:
         model.set_steady_state_sensitivity_mode(
             SteadyStateSensitivityMode.integrationOnly
@@ -315,6 +320,9 @@ def main():
                     help="per model (compile included), seconds")
     ap.add_argument("--json", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "results", "petab_amici.json"))
+    ap.add_argument("--rtol", type=float, default=RTOL)
+    ap.add_argument("--atol", type=float, default=ATOL)
+    ap.add_argument("--max-steps", type=int, default=MAX_STEPS)
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.environ.setdefault("AMICI_PARALLEL_COMPILE", str(os.cpu_count() or 1))
@@ -326,7 +334,8 @@ def main():
                           + os.environ.get("PATH", ""))
 
     if args.one:
-        row = run_one(args.one, args.models_dir, args.repeat, args.budget)
+        row = run_one(args.one, args.models_dir, args.repeat, args.budget,
+                      args.rtol, args.atol, args.max_steps)
         assert not any(m.split(".")[0] in ("sciml", "adjoints", "nets", "benchmarks")
                        for m in sys.modules), "a project package was imported"
         print("ROW " + json.dumps(row))
@@ -344,7 +353,7 @@ def main():
     rows = {r["model"]: r for r in data.get("rows", [])}
     data["machine"] = machine_info()
     data["settings"] = {
-        "rtol": RTOL, "atol": ATOL, "max_steps": MAX_STEPS,
+        "rtol": args.rtol, "atol": args.atol, "max_steps": args.max_steps,
         "repeat": args.repeat, "num_threads": 1,
         "source": "AMICI-dev/AMICI tests/benchmark_models at 3aebbe8 (v1.0.1)",
     }
@@ -358,7 +367,8 @@ def main():
             p = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), "--one", folder,
                  "--models-dir", args.models_dir, "--repeat", str(args.repeat),
-                 "--budget", str(args.budget)],
+                 "--budget", str(args.budget), "--rtol", repr(args.rtol),
+                 "--atol", repr(args.atol), "--max-steps", str(args.max_steps)],
                 capture_output=True, text=True, timeout=args.timeout,
                 cwd=args.models_dir,
             )

@@ -7,18 +7,26 @@ and the times of llh, of llh + gradient with forward sensitivities and with the
 adjoint (`GaussAdjoint`), and of the first llh + gradient (the load, the model's
 compile and the solves together, in this process).
 
-References: AMICI's values where it publishes one (`AMICI`, below: its
-tests/benchmark_models/benchmark_models.yaml, BSD-3-Clause, with its CI ceilings
-for simulation, forward and adjoint sensitivities); otherwise the collection's
-own ``simulatedData`` table, its llh computed by the `petab` library
-(``calculate_llh``), used only where its simulations agree with ours (where
-they do not, the table is not at the nominal parameters and is reported as
-such). The likelihood is compared without priors, as AMICI reports it.
+References, each independent of us: AMICI's values where it publishes one (`AMICI`,
+below: its tests/benchmark_models/benchmark_models.yaml, BSD-3-Clause, with its CI
+ceilings for simulation, forward and adjoint sensitivities); AMICI run on this machine
+(``benchmarks/petab_amici.py``: AMICI 1.0.1 at its CI's rtol = atol = 1e-8, read from
+``benchmarks/results/petab_amici.json``, labelled "AMICI here"); libroadrunner's (CVODE at
+rtol 1e-10: ``benchmarks/petab_roadrunner.py``, run in its own environment, read from
+its JSON); the collection's own ``simulatedData`` table, its llh computed by the `petab`
+library (``calculate_llh``), used only where its simulations agree with ours (where
+they do not, the table is not at the nominal parameters and is reported as such). The
+closest of them is the row's reference, and every other one's difference is reported
+beside it (where two references disagree with each other, the table shows which one we
+side with). The likelihood is compared without priors, as AMICI reports it. AMICI's
+measured times from the same JSON are shown beside its CI ceilings.
 
 The collection is not vendored: clone Benchmarking-Initiative/Benchmark-Models-PEtab
 and pass its ``Benchmark-Models`` folder (or set BENCHMARK_MODELS_PETAB)::
 
     python -m benchmarks.petab_collection --collection PATH [--models A B] [--json PATH]
+        [--roadrunner benchmarks/results/petab_roadrunner.json]
+        [--amici benchmarks/results/petab_amici.json]
 """
 
 import argparse
@@ -152,7 +160,29 @@ def fd_check(yaml, x, g, n_dirs, seed=0):
     return worst
 
 
-def run_model(name, folder, quick):
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def read_json_models(path, key):
+    """``{model: row}`` of a JSON file of rows (`key` "rows": a list with "model") or of
+    models (`key` "models": a dict); empty where the file is not there."""
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        data = json.load(f)
+    if key == "rows":
+        return {r["model"]: r for r in data.get("rows", [])}
+    return dict(data.get("models", {}))
+
+
+def sim_difference(ours, ref):
+    """The largest relative difference of two simulation columns (relative to the
+    reference, with a floor of 1e-6 of its largest value)."""
+    a, b = np.asarray(ours, float), np.asarray(ref, float)
+    return float(np.max(np.abs(a - b) / (np.abs(b) + 1e-6 * np.max(np.abs(b)))))
+
+
+def run_model(name, folder, quick, roadrunner=None, amici_here=None):
     import adjoints
     import sciml.petab
 
@@ -191,6 +221,20 @@ def run_model(name, folder, quick):
         row.update(ref_collection=cref[0], ref_sim_diff=cref[1])
         if cref[0] is not None and cref[1] <= SIM_AGREE:
             refs.append((abs(row["llh"] - cref[0]), cref[0], "collection"))
+    here = (amici_here or {}).get(name, {})
+    if "llh" in here:
+        row["ref_amici_here"] = here["llh"]
+        refs.append((abs(row["llh"] - here["llh"]), here["llh"], "AMICI here"))
+    rr = (roadrunner or {}).get(name, {})
+    if "llh" in rr:
+        row["ref_roadrunner"] = rr["llh"]
+        row["roadrunner_self_error"] = rr.get("self_error")
+        sim = pp.simulate(pp.nominal)["simulation"].to_numpy()
+        if len(rr.get("simulation", ())) == len(sim):
+            row["roadrunner_sim_diff"] = sim_difference(sim, rr["simulation"])
+        refs.append((abs(row["llh"] - rr["llh"]), rr["llh"], "roadrunner"))
+    elif "error" in rr:
+        row["roadrunner_error"] = rr["error"]
     if refs:
         err, ref, src = min(refs)
         row.update(ref=ref, ref_source=src, llh_err=err)
@@ -233,13 +277,18 @@ def main(argv=None):
     ap.add_argument("--models", nargs="*")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--roadrunner", default=os.path.join(RESULTS, "petab_roadrunner.json"),
+                    help="libroadrunner's llh per model (benchmarks/petab_roadrunner.py)")
+    ap.add_argument("--amici", default=os.path.join(RESULTS, "petab_amici.json"),
+                    help="AMICI's llh and measured times per model (benchmarks/petab_amici.py)")
     ap.add_argument("--markdown", nargs="*", metavar="JSON",
                     help="print the table of earlier runs' JSON files and exit")
     a = ap.parse_args(argv)
+    amici = read_json_models(a.amici, "rows")
     if a.markdown is not None:
         rows = [r for path in a.markdown for r in json.load(open(path))["rows"]]
         rows = sorted((usable(r) for r in rows), key=lambda r: r["model"])
-        print(markdown(rows))
+        print(markdown(rows, amici))
         print("\n" + summary(rows))
         return
     if not a.collection or not os.path.isdir(a.collection):
@@ -250,8 +299,9 @@ def main(argv=None):
     machine = machine_info(1)
     print(machine, busy_note())
     rows = []
+    roadrunner = read_json_models(a.roadrunner, "models")
     for name in names:
-        row = run_model(name, os.path.join(a.collection, name), a.quick)
+        row = run_model(name, os.path.join(a.collection, name), a.quick, roadrunner, amici)
         rows.append(row)
         print(_line(row), flush=True)
         if a.json:
@@ -280,36 +330,70 @@ def reproduces(r):
 def summary(rows):
     ok = [r for r in rows if "llh" in r]
     good = [r for r in ok if reproduces(r)]
-    sims = [r for r in ok if not reproduces(r) and r.get("ref_collection", 0) is None
-            and r.get("ref_sim_diff", 1.0) <= SIM_AGREE]
-    return (f"{len(ok)} of {len(rows)} run; {len(good)} reproduce their reference llh to "
-            f"1e-3; {len(sims)} more agree with the collection's simulations to "
-            f"{SIM_AGREE:g} where the petab library cannot compute their llh")
+    by = {}
+    for r in good:
+        by[r["ref_source"]] = by.get(r["ref_source"], 0) + 1
+    strict = [r for r in good if r["llh_err"] <= 1e-3]
+    split = [f"{r['model']} ({', '.join(f'{k} {d:+.2g}' for k, d in others(r))})"
+             for r in ok if others(r)]
+    return (f"{len(ok)} of {len(rows)} run; {len(good)} reproduce their closest reference "
+            f"llh to 1e-3 relative past |llh| = 1 "
+            f"({', '.join(f'{k} {v}' for k, v in sorted(by.items()))}), {len(strict)} of them "
+            f"to 1e-3 absolute" + (f"; our llh minus another reference's, past 1e-3: "
+                                   f"{'; '.join(split)}" if split else ""))
 
 
-def markdown(rows):
-    """The README's table of `rows` (one per model)."""
-    out = ["| model | states | params | llh | reference | error | fd | llh s | fwd s | adj s "
-           "| first s | AMICI ceilings fwd / adj s |", "|" + "---|" * 12]
+REF_KEYS = (("AMICI", "ref_amici"), ("AMICI here", "ref_amici_here"),
+            ("roadrunner", "ref_roadrunner"))
+
+
+def others(r):
+    """``[(source, ours - its llh)]`` of the llh references (AMICI's published, AMICI
+    run here, roadrunner's) that differ from our llh by more than 1e-3."""
+    return [(k, r["llh"] - r[key]) for k, key in REF_KEYS
+            if r.get(key) is not None and abs(r["llh"] - r[key]) > 1e-3]
+
+
+def _delta(r, key):
+    """Our llh minus reference `key`'s, as the table shows it."""
+    v = r.get(key)
+    return "" if v is None else f"{r['llh'] - v:+.1e}"
+
+
+def markdown(rows, amici=None):
+    """The README's table of `rows` (one per model); `amici`: AMICI's measured times per
+    model (a peer's run), where there are some."""
+    amici = amici or {}
+    head = ("| model | states | params | llh | - AMICI | - AMICI here | - roadrunner | "
+            "- collection | fd | "
+            "llh s | fwd s | adj s | first s | AMICI fwd / adj s | AMICI ceilings fwd / adj s |")
+    ncol = head.count("|") - 1
+    out = [head, "|" + "---|" * ncol]
     for r in rows:
-        if "refused" in r:
-            out.append(f"| {r['model']} | | | refused: {r['refused'][:90]} | | | | | | | | |")
+        if "refused" in r or "not_run" in r:
+            why = (f"refused: {r['refused'][:110]}" if "refused" in r
+                   else f"not run here: {r['not_run']}")
+            out.append(f"| {r['model']} | | | {why} |" + " |" * (ncol - 4))
             continue
         am = r.get("t_amici")
         ceil = f"{am[1]} / {am[2]}" if am and am[1] is not None else ""
-        ref = f"{r['ref']:.4f} ({r['ref_source']})" if "ref" in r else (
-            f"none (simulations differ {r['ref_sim_diff']:.0e})" if "ref_sim_diff" in r
-            and r["ref_sim_diff"] > SIM_AGREE else
-            f"simulations agree {r['ref_sim_diff']:.0e} (no llh: noise reads states)"
-            if "ref_sim_diff" in r else "none")
-        err = f"{r['llh_err']:.1e}" if "llh_err" in r else ""
+        peer = amici.get(r["model"], {})
+        measured = (f"{peer['t_fwd']:.3f} / {peer['t_adj']:.3f}"
+                    if "t_fwd" in peer and "t_adj" in peer else "")
+        coll = _delta(r, "ref_collection") if r.get("ref_sim_diff", 1.0) <= SIM_AGREE else (
+            f"sims differ {r['ref_sim_diff']:.0e}" if "ref_sim_diff" in r else "")
+        if r.get("ref_collection", 0) is None and r.get("ref_sim_diff", 1.0) <= SIM_AGREE:
+            coll = f"sims agree {r['ref_sim_diff']:.0e}"
+        rr = _delta(r, "ref_roadrunner") or ("fails" if "roadrunner_error" in r else "")
 
         def t(k, r=r):
             return f"{r[k]:.3f}" if k in r else r.get(k.replace("t_", "") + "_error", "")[:20]
 
-        out.append(f"| {r['model']} | {r['n_states']} | {r['n_params']} | {r['llh']:.4f} | "
-                   f"{ref} | {err} | {r.get('grad_fd', float('nan')):.0e} | {t('t_llh')} | "
-                   f"{t('t_fwd')} | {t('t_adj')} | {r['t_first']:.1f} | {ceil} |")
+        mark = "" if reproduces(r) else " (no)"
+        out.append(f"| {r['model']} | {r['n_states']} | {r['n_params']} | {r['llh']:.4f}{mark}"
+                   f" | {_delta(r, 'ref_amici')} | {_delta(r, 'ref_amici_here')} | {rr} | {coll} | "
+                   f"{r.get('grad_fd', float('nan')):.0e} | {t('t_llh')} | "
+                   f"{t('t_fwd')} | {t('t_adj')} | {r['t_first']:.1f} | {measured} | {ceil} |")
     return "\n".join(out)
 
 

@@ -300,3 +300,28 @@ def test_state_triggered_event(tmp_path):
     x = np.where(t < t1, a / k * (1 - np.exp(-k * t)),
                  a / k - (a / k - 0.5) * np.exp(-k * (t - t1)))
     _check_against(pp, yaml, t, x)
+
+
+def test_a_condition_overrides_a_parameter_with_an_initial_assignment(tmp_path):
+    # As Liu_IFACPapersOnLine2025's u_2 (virus dose: initial assignment 1e9, set to 0 by
+    # its ctrl condition, its V(0) = u_2): PEtab's condition table overrides the model's
+    # value, initial assignment included. x(0) = x0p, x0p := 5 in the SBML model, 0.3 in
+    # condition c0; AMICI 1.0.1 keeps the initial assignment (Liu's ctrl then has the
+    # virus: llh -918.74 where ours and libroadrunner's are -723.36)
+    yaml, t = _switch_problem(tmp_path)
+    d = tmp_path / "switch"
+    _edit(d / "model.xml", '<parameter id="tau" value="2" constant="true"/>',
+          '<parameter id="tau" value="2" constant="true"/>'
+          '<parameter id="x0p" value="1" constant="true"/>')
+    _edit(d / "model.xml", "<listOfRules>",
+          '<listOfInitialAssignments><initialAssignment symbol="x0p"><math '
+          'xmlns="http://www.w3.org/1998/Math/MathML"><cn>5</cn></math></initialAssignment>'
+          '<initialAssignment symbol="x"><math xmlns="http://www.w3.org/1998/Math/MathML">'
+          '<ci>x0p</ci></math></initialAssignment></listOfInitialAssignments><listOfRules>')
+    (d / "conditions.tsv").write_text("conditionId\tx0p\nc0\t0.3\n")
+    pp = sciml.petab.load(yaml)
+    a, k, tau, x0 = 1.0, 0.5, 2.0, 0.3
+    x_tau = a / k + (x0 - a / k) * np.exp(-k * tau)
+    x = np.where(t < tau, a / k + (x0 - a / k) * np.exp(-k * t),
+                 x_tau * np.exp(-k * (t - tau)))
+    _check_against(pp, yaml, t, x)
