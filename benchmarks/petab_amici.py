@@ -62,29 +62,10 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path
                if os.path.abspath(p or ".") not in (_HERE, os.path.dirname(_HERE))]
 
-#: llh and CI ceilings (s: t_sim, t_fwd, t_adj) of AMICI's benchmark tests
-#: (AMICI-dev/AMICI tests/benchmark_models/benchmark_models.yaml at 3aebbe8,
-#: BSD-3-Clause), measured there as the min of 3 of the solver's CPU time
-AMICI_CI = {
-    "Bachmann_MSB2011": (418.40573341425295, 0.05, 3.5, 5.0),
-    "Beer_MolBioSystems2014": (58622.9145631413, 0.05, 0.5, 8.5),
-    "Boehm_JProteomeRes2014": (-138.22199693517703, 0.005, 0.05, 0.05),
-    "Borghans_BiophysChem1997": (83.3237191357272, 0.005, 0.5, 0.2),
-    "Brannmark_JBC2010": (-141.889113770537, 0.005, 0.5, 0.5),
-    "Bruno_JExpBot2016": (46.688176988431806, 0.005, 0.05, 0.1),
-    "Chen_MSB2009": (-115700.1192629893, None, None, None),
-    "Crauste_CellSystems2017": (-190.96521897435176, 0.005, 0.05, 0.05),
-    "Elowitz_Nature2000": (63.20279991419332, 0.005, 0.11, 0.11),
-    "Fiedler_BMCSystBiol2016": (58.58390161681, 0.005, 0.05, 0.15),
-    "Fujita_SciSignal2010": (53.08377736998929, 0.01, 0.5, 1.0),
-    "Isensee_JCB2018": (-3949.375966548649, 0.1, 15.0, 20.0),
-    "Lucarelli_CellSystems2018": (-1681.6059879426584, 0.05, 2.5, 2.5),
-    "Schwen_PONE2014": (-943.9992988598723, 0.01, 0.5, 1.5),
-    "Sneyd_PNAS2002": (319.79177818768756, 0.005, 0.1, 0.5),
-    "Smith_BMCSystBiol2013": (-888198.436541014, 1.0, 50.0, 5.0),
-    "Weber_BMC2015": (-296.2017922646865, 0.005, 0.1, 0.1),
-    "Zheng_PNAS2012": (278.33353271001477, 0.005, 0.05, 0.05),
-}
+#: llh and CI ceilings (s: t_sim, t_fwd, t_adj) of AMICI's benchmark tests, from
+#: amici_ci.json beside this script (shared with petab_collection; provenance there)
+with open(os.path.join(_HERE, "amici_ci.json")) as _f:
+    AMICI_CI = {k: tuple(v) for k, v in json.load(_f)["models"].items()}
 
 #: models AMICI's CI computes steady-state sensitivities of by integration
 SS_INTEGRATION_ONLY = ("Brannmark_JBC2010", "Isensee_JCB2018")
