@@ -13,19 +13,20 @@
   Python around them, M-step, FOCE-I and covariance step) is in the JSON.
 - ``simulated``: 500 subjects simulated from the theo_sd estimates (the theo_sd
   dose of 320 mg, its 11 sample times), fitted by FOCE-I from the same start
-  (serial, and with ``NLME(workers=2)``).
+  (by default: worker processes where forking is safe, `sciml.nlme.parallel.auto_workers`;
+  and on this process's threads, ``NLME(workers=1)``).
 - ``warfarin``: nlmixr2's warfarin PK/PD model (``pk.turnover.emax3``: transit
   and absorption, one compartment, turnover with an Emax inhibition, ``effect(0) =
   e0``; eight random effects, combined error on cp, additive on pca) by FOCE-I
   from nlmixr2's start values on nlmixr2data's warfarin (32 subjects, 283 + 232
-  observations), no covariance step; serial and with ``workers=2``.
+  observations), no covariance step; by default and with ``workers=1``.
 
 Each row's ``solves`` is the time inside the compiled solver loops (the prepared
 solves' compiled entries, timed around each call) and ``solve_calls`` their
 number (summed over the subjects' threads: the ``threads=1`` row gives the split on
 one thread); the rest of ``seconds`` is Python around them (building each subject's
-parameters, the likelihood's linear algebra, the optimiser). With ``workers``
-the loops run in the worker processes and are not counted.
+parameters, the likelihood's linear algebra, the optimiser). With worker processes
+(the default where `auto_workers` forks them) the loops run there and are not counted.
 
 No Python peer fits an NLME with ODEs; the time is ours alone (fresh
 ``NLME`` and subjects, the compiled model warm: a first run compiles it,
@@ -213,15 +214,15 @@ def main(argv=None):
     rows[-1]["split"] = fit.saem.seconds
     n = 60 if args.quick else 500
     sim = read_events(_simulate(model, n), model, comp, "cp", params=[1.0, 1.0, 1.0])
-    for workers in (None, 2):
-        timed(f"simulated {n} focei" + (f" workers={workers}" if workers else ""),
+    for workers in (None, 1):
+        timed(f"simulated {n} focei" + (" threads (workers=1)" if workers else ""),
               lambda w=workers: _pop(model, workers=w),
               dict(subjects=sim, method="focei"))
     if not args.quick:
         wpop, wsub = _warfarin()
         wpop().fit(wsub, max_iter=1, covariance=False)  # compile
-        for workers in (None, 2):
-            timed("warfarin focei" + (f" workers={workers}" if workers else ""),
+        for workers in (None, 1):
+            timed("warfarin focei" + (" threads (workers=1)" if workers else ""),
                   lambda w=workers: wpop(workers=w), dict(subjects=wsub, method="focei",
                                                      covariance=False))
     print(f"\n{'fit':<22}{'time':>9}{'objective':>12}  estimates (published: nlmixr2 FOCE-I)")

@@ -118,8 +118,12 @@ class NLME:
         Evaluate the subjects in this many worker processes (forked once per `fit` or
         `objective` with the prepared subjects, each holding a block of them; `parallel`):
         the Python around each subject's solves then runs on every core, which threads
-        cannot do. Results are the serial ones bit for bit. With ``client``: the number of
-        blocks (default: one per Dask worker).
+        cannot do. Results are the serial ones bit for bit. ``1``: no worker processes
+        (the subjects on `threads` threads of this process). Default: `threads` worker
+        processes where that is safe and pays (`parallel.auto_workers`: forking is the
+        platform's default, this process runs one thread, at least
+        `parallel.SUBJECTS_PER_WORKER` subjects each), else threads. With ``client``: the
+        number of blocks (default: one per Dask worker).
     client : None, "local" or dask.distributed.Client
         Evaluate blocks of subjects on Dask workers (``"local"``: an embedded
         ``LocalCluster`` of `workers` processes, closed at the end of each call): each
@@ -226,14 +230,17 @@ class NLME:
     def _parallel(self, fits, solve):
         """Start the worker processes or Dask blocks of `workers` / `client` for ``fits``
         (prepared with ``solve``) for the duration of a call."""
-        if self._runner is not None or (self.client is None and (self.workers or 1) < 2) \
+        from .parallel import DaskBlocks, Workers, auto_workers
+
+        workers = self.workers
+        if workers is None and self.client is None:
+            workers = auto_workers(len(fits), self.threads)
+        if self._runner is not None or (self.client is None and (workers or 1) < 2) \
                 or len(fits) < 2:
             yield
             return
-        from .parallel import DaskBlocks, Workers
-
         runner = DaskBlocks(self, fits, solve, self.client, self.workers) \
-            if self.client is not None else Workers(self, fits, self.workers)
+            if self.client is not None else Workers(self, fits, workers)
         self._runner = runner
         try:
             yield

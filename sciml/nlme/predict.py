@@ -36,7 +36,7 @@ from adjoints import ForwardSensitivity, Job, prepare_values
 from sciml._validate import check_atol
 from sciml.segments import doses_in, in_span, piece_problem, segments
 from sciml.solvers import common
-from sciml.solvers.kernels.observe import observe_along, observe_jumps, observe_sensitivities
+from sciml.solvers.kernels.observe import observe_along, observe_sensitivities
 
 from .individual import SubjectIndividual
 
@@ -134,7 +134,6 @@ class SubjectFit:
         self.k = individual.index.shape[0]
         self.n_phi = self.k * len(self.pieces)
         self.kern = prob.kernel_table("obs", "obs_vjp") if self.kind == "observables" else None
-        self._observed = np.unique(self.col)
         self.ws = model.workspace()
         # the prepared sensitivity solves (`ForwardSensitivity.prepare`) per piece: to the
         # individual parameters (the empirical Bayes iterations), and to them and the
@@ -221,16 +220,14 @@ class SubjectFit:
         cols = idx if wi is None else np.concatenate([idx, wi])
         st = self._run(0, cols.shape[0], cols)(p)
         U, S = st.u, st.S
-        m = self.y.shape[0]
         if self.kind == "states":
             return U[self.obs_q, self.col], np.ascontiguousarray(S[self.obs_q, self.col])
-        Sp = np.zeros(S.shape[:2] + (model.n_params,))
-        Sp[:, :, cols] = S
+        m = self.y.shape[0]
         f = np.empty(m)
-        Fp = np.empty((m, model.n_params))
-        observe_sensitivities(self.kern, p, self.ws, U, Sp, job.obs_t, self.obs_q, self.col,
-                              np.empty(model.n_obs), f, Fp)
-        return f, np.ascontiguousarray(Fp[:, cols])
+        F = np.empty((m, cols.shape[0]))
+        observe_sensitivities(self.kern, p, self.ws, U, S, job.obs_t, self.obs_q, self.col,
+                              np.empty(model.n_obs), f, F, cols)
+        return f, F
 
     # ---------------------------------------------------------------- pieces
 
@@ -290,36 +287,14 @@ class SubjectFit:
 
     def _observe_sens(self, p, pc, U, SQ, rows, col, direct):
         """``(f, dF/dQ)`` of the observations at ``rows`` (observables ``col``) of a piece:
-        ``dh/du SQ + dh/dp`` on the columns with a model parameter (``direct >= 0``)."""
+        ``dh/du SQ + dh/dp`` (the last on the columns with a model parameter, ``direct >=
+        0``)."""
         if self.kind == "states":
             return U[rows, col], SQ[rows, col]
-        model = self.model
-        ts = pc.job.obs_t
-        mj = rows.shape[0]
-        f = np.empty(mj)
-        Fp = np.empty((mj, model.n_params))
-        has = direct >= 0
-        if has.all():  # every column has its model parameter: one pass, S in their places
-            Sp = np.zeros(U.shape + (model.n_params,))
-            Sp[:, :, direct] = SQ
-            observe_sensitivities(self.kern, p, self.ws, U, Sp, ts, rows, col,
-                                  np.empty(model.n_obs), f, Fp)
-            return f, Fp[:, direct]
-        observe_sensitivities(self.kern, p, self.ws, U, np.zeros(U.shape + (model.n_params,)),
-                              ts, rows, col, np.empty(model.n_obs), f, Fp)  # dh/dp (S = 0)
-        dhdu = np.empty((mj, model.n_states))  # dh/du per observation, one pass per observable
-        for c in self._observed:
-            at = col == c
-            if not at.any():
-                continue
-            Ybar = np.zeros((U.shape[0], model.n_obs))
-            Ybar[:, c] = 1.0
-            G = np.zeros(U.shape)
-            observe_jumps(self.kern, p, self.ws, G, np.zeros(model.n_params), Ybar, U, ts,
-                          np.zeros(model.n_states))
-            dhdu[at] = G[rows[at]]
-        F = np.einsum("mi,miq->mq", dhdu, SQ[rows])
-        F[:, has] += Fp[:, direct[has]]
+        f = np.empty(rows.shape[0])
+        F = np.empty((rows.shape[0], SQ.shape[2]))
+        observe_sensitivities(self.kern, p, self.ws, U, SQ, pc.job.obs_t, rows, col,
+                              np.empty(self.model.n_obs), f, F, direct)
         return f, F
 
 

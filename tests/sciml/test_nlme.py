@@ -376,6 +376,42 @@ def test_worker_processes_give_the_serial_result_bit_for_bit():
                 omega={"ka": 0.6}, error={"cp": nl.Additive(0.7)})
 
 
+def test_default_forks_workers_only_where_safe_and_worth_it(monkeypatch):
+    import threading
+
+    from sciml.nlme import parallel
+
+    # the rule: `threads` workers, at least SUBJECTS_PER_WORKER subjects each, two or more
+    monkeypatch.setattr(parallel, "can_fork", lambda: True)
+    per = parallel.SUBJECTS_PER_WORKER
+    assert parallel.auto_workers(500, 2) == 2
+    assert parallel.auto_workers(3 * per, 8) == 3
+    assert parallel.auto_workers(2 * per - 1, 2) is None
+    assert parallel.auto_workers(500, 1) is None  # threads=1: serial, no processes
+    # by default (no `workers`) subjects go to worker processes, bit for bit the serial
+    # result (theo_sd's 12 subjects, the threshold lowered to 4 a worker); workers=1 keeps
+    # them on this process's threads
+    monkeypatch.setattr(parallel, "SUBJECTS_PER_WORKER", 4)
+    _parallel_equals_serial(threads=2)
+    pop = nl.NLME(THEO, _theo_individual, threads=2, workers=1,
+                  theta={"tka": 0.45, "tcl": 1.0, "tv": 3.45},
+                  omega={"ka": 0.6, "cl": 0.3, "v": 0.1}, error={"cp": nl.Additive(0.7)})
+    fits = pop.prepare(_theo_subjects())
+    with pop._parallel(fits, {}):
+        assert pop._runner is None
+    monkeypatch.undo()
+    # never with another thread running (a forked child would inherit its locks held)
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert not parallel.can_fork()
+        assert parallel.auto_workers(500, 2) is None
+    finally:
+        stop.set()
+        t.join()
+
+
 @pytest.mark.cluster
 def test_dask_blocks_give_the_serial_result_bit_for_bit():
     pytest.importorskip("distributed")
