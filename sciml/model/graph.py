@@ -295,20 +295,7 @@ class Graph:
         """The node of a sympy expression (memoised); ``env`` maps sympy symbols to nodes
         (not memoised then). Raises `Unsupported` for what the graph does not hold."""
         memo = self._from if env is None else dict(env)
-        if expr in memo:
-            return memo[expr]
-        stack = [(expr, False)]
-        while stack:
-            e, ready = stack.pop()
-            if e in memo:
-                continue
-            kids = _sympy_children(e)
-            if not ready and kids:
-                stack.append((e, True))
-                stack.extend((a, False) for a in kids if a not in memo)
-                continue
-            memo[e] = self._convert(e, memo)
-        return memo[expr]
+        return postorder(expr, memo, _sympy_children, self._convert)
 
     def _convert(self, e, memo):
         if isinstance(e, (sympy.Symbol, At)):
@@ -358,34 +345,9 @@ class Graph:
 
     def free(self, node):
         """The ``sym`` nodes `node` reads (a frozenset; memoised)."""
-        memo = self._free
-        got = memo.get(node)
-        if got is not None:
-            return got
-        stack = [(node, False)]
-        while stack:
-            nd, ready = stack.pop()
-            if nd in memo:
-                continue
-            op = nd.op
-            if op == "sym":
-                memo[nd] = frozenset((nd,))
-                continue
-            if op in LEAVES:
-                memo[nd] = _EMPTY
-                continue
-            kids = _children(nd)
-            if not ready:
-                stack.append((nd, True))
-                stack.extend((c, False) for c in kids if c not in memo)
-                continue
-            sets = [memo[c] for c in kids]
-            big = max(sets, key=len)
-            if all(len(s) == 0 or s is big or s <= big for s in sets):
-                memo[nd] = big
-            else:
-                memo[nd] = frozenset().union(*sets)
-        return memo[node]
+        got = self._free.get(node)
+        return got if got is not None else postorder(node, self._free, _children, _union_free,
+                                                     _free_leaf)
 
     def has(self, leaf):
         """Whether the graph holds the leaf of sympy symbol `leaf` (no node made)."""
@@ -426,20 +388,8 @@ class Graph:
 
     def _diff_deep(self, node, s, memo):
         """`diff` without recursion (for chains deeper than recursion allows)."""
-        stack = [(node, False)]
-        while stack:
-            nd, ready = stack.pop()
-            if nd in memo:
-                continue
-            if not ready:
-                if s not in self.free(nd):
-                    memo[nd] = self.ZERO
-                    continue
-                stack.append((nd, True))
-                stack.extend((c, False) for c in _diff_children(nd) if c not in memo)
-                continue
-            memo[nd] = self._rule(nd, memo)
-        return memo[node]
+        return postorder(node, memo, _diff_children, self._rule,
+                         lambda nd: None if s in self.free(nd) else self.ZERO)
 
     def _rule(self, nd, memo):
         op, a = nd.op, nd.args
@@ -615,26 +565,16 @@ class Graph:
 
     def _form_deep(self, root, done, uses, out, temps):
         """`emit`'s forms without recursion (for chains deeper than recursion allows)."""
-        stack = [(root, False)]
-        while stack:
-            nd, ready = stack.pop()
-            if nd in done:
-                continue
-            if nd.op in LEAVES:
-                done[nd] = nd
-                continue
-            kids = _children(nd)
-            if not ready:
-                stack.append((nd, True))
-                stack.extend((c, False) for c in kids if c not in done)
-                continue
+        def form(nd, done):
             v = self._rebuild(nd, done)
             if uses[nd] > 1:
                 t = next(temps)
                 out.append((t, v, False))
                 v = self.sym(t)
-            done[nd] = v
-        return done[root]
+            return v
+
+        return postorder(root, done, _children, form,
+                         lambda nd: nd if nd.op in LEAVES else None)
 
     def _rebuild(self, nd, done):
         """`nd` with its children in their emitted forms (same structure)."""
@@ -653,6 +593,46 @@ _EMPTY = frozenset()
 
 def _order(nd):
     return nd.n
+
+
+def postorder(root, memo, children, combine, leaf=None):
+    """``memo[root]``, each node's value made from its children's by ``combine(node,
+    memo)``, bottom-up without recursion (expression chains run deeper than Python's
+    recursion limit); every node once, children before parents, in one fixed order.
+    ``leaf(node)``: a node's value without visiting its children, or None to visit them."""
+    stack = [(root, False)]
+    while stack:
+        x, ready = stack.pop()
+        if x in memo:
+            continue
+        if not ready:
+            v = None if leaf is None else leaf(x)
+            if v is not None:
+                memo[x] = v
+                continue
+            kids = children(x)
+            if kids:
+                stack.append((x, True))
+                stack.extend((c, False) for c in kids if c not in memo)
+                continue
+        memo[x] = combine(x, memo)
+    return memo[root]
+
+
+def _free_leaf(nd):
+    if nd.op == "sym":
+        return frozenset((nd,))
+    return _EMPTY if nd.op in LEAVES else None
+
+
+def _union_free(nd, memo):
+    """The symbols under `nd` from its children's (the largest set itself where it holds
+    the others: most nodes add nothing new)."""
+    sets = [memo[c] for c in _children(nd)]
+    big = max(sets, key=len)
+    if all(len(s) == 0 or s is big or s <= big for s in sets):
+        return big
+    return frozenset().union(*sets)
 
 
 def _children(nd):
@@ -699,21 +679,7 @@ def _number(v):
 
 def to_sympy(node, memo=None):
     """The sympy expression of `node`, unevaluated (the graph's own structure)."""
-    memo = {} if memo is None else memo
-    if node in memo:
-        return memo[node]
-    stack = [(node, False)]
-    while stack:
-        nd, ready = stack.pop()
-        if nd in memo:
-            continue
-        kids = _children(nd)
-        if not ready and kids:
-            stack.append((nd, True))
-            stack.extend((c, False) for c in kids if c not in memo)
-            continue
-        memo[nd] = _to_sympy_one(nd, memo)
-    return memo[node]
+    return postorder(node, {} if memo is None else memo, _children, _to_sympy_one)
 
 
 def _to_sympy_one(nd, memo):

@@ -29,7 +29,7 @@ from llvmlite import ir
 from sympy.codegen.cfunctions import expm1, log1p, log2, log10
 
 from .code import SCALAR_ARGS, Assign, At, Loop, Note, sigmoid
-from .graph import BOOL_OPS, Node
+from .graph import BOOL_OPS, Node, postorder
 
 __all__ = ["kernel_text", "LoweringError", "CHUNK", "graph_kernel"]
 
@@ -158,28 +158,18 @@ class _Chunk:
 
     def _deep(self, nd):
         """`value` without recursion (for any depth)."""
-        stack = [(nd, False)]
-        while stack:
-            x, ready = stack.pop()
-            if x in self.vals:
-                continue
+        def leaf(x):
             op = x.op
             if op == "num":
-                self.vals[x] = (const(x.args[0]), False)
-                continue
+                return const(x.args[0]), False
             if op == "sym":
-                self.vals[x] = self.symbol(x.args[0])
-                continue
+                return self.symbol(x.args[0])
             if op == "true" or op == "false":
-                self.vals[x] = ("true" if op == "true" else "false", True)
-                continue
-            kids = _kids(x)
-            if not ready:
-                stack.append((x, True))
-                stack.extend((c, False) for c in kids if c not in self.vals)
-                continue
-            self.vals[x] = (self._op(x), op in BOOL_OPS)
-        return self.vals[nd][0]
+                return op, True
+            return None
+
+        return postorder(nd, self.vals, _kids, lambda x, _: (self._op(x), x.op in BOOL_OPS),
+                         leaf)[0]
 
     def _v(self, nd):
         return self.vals[nd][0]
