@@ -3,9 +3,11 @@
 For each model: whether it loads (or the one-line refusal), the log-likelihood at
 the nominal parameters against a reference, the gradient against central finite
 differences (directional, along random unit directions, from a tighter solve),
-and the times of llh, of llh + gradient with forward sensitivities and with the
-adjoint (`GaussAdjoint`), and of the first llh + gradient (the load, the model's
-compile and the solves together, in this process).
+and the times of llh, of llh + gradient with forward sensitivities (with BDF where the
+problem's solver is stiff, as AMICI's forward mode runs) and with the adjoint
+(`GaussAdjoint`), and of the first llh + gradient (the load, the model's compile and the
+solves together, in this process). ``--markdown`` takes several JSON files: a model's row
+comes from the last one that has it (a rerun of some models over a full run).
 
 References, each independent of us: AMICI's values where it publishes one (`AMICI`,
 below: its tests/benchmark_models/benchmark_models.yaml, BSD-3-Clause, with its CI
@@ -223,9 +225,15 @@ def run_model(name, folder, quick, roadrunner=None, amici_here=None):
     row["sensealg"] = type(pp.sensealg).__name__
     row["t_llh"] = median_time(lambda: pp.llh(x, prior=False), rep)
     row["t_grad"] = median_time(lambda: pp.llh_and_grad(x, prior=False), rep)
-    default = pp.sensealg
+    default, solver = pp.sensealg, pp.solver
+    # forward sensitivities on a stiff problem with BDF, as AMICI's forward mode runs
+    # (CVODES' BDF, the sensitivities corrected with the states' Newton matrix): with
+    # Rodas5 each stage needs n Hessian-vector products of the model (the augmented
+    # system's exact Jacobian), 1.3-5x slower on the models over AMICI's ceilings
+    fwd_solver = sciml.BDF() if solver.stiff else solver
+    row["fwd_solver"] = type(fwd_solver).__name__
     for key, method in (("fwd", adjoints.ForwardSensitivity()), ("adj", adjoints.GaussAdjoint())):
-        if type(method) is type(default):
+        if type(method) is type(default) and (key == "adj" or fwd_solver is solver):
             row[f"t_{key}"] = row["t_grad"]
             continue
         if key == "fwd" and pp.model.n_states * pp.model.n_params > FORWARD_LIMIT:
@@ -234,6 +242,8 @@ def run_model(name, folder, quick, roadrunner=None, amici_here=None):
             continue
         try:
             pp.sensealg = method
+            if key == "fwd":
+                pp.solver = fwd_solver
             _, gm = pp.llh_and_grad(x, prior=False)
             row[f"t_{key}"] = median_time(lambda: pp.llh_and_grad(x, prior=False), rep)
             row[f"{key}_vs_default"] = float(np.linalg.norm(gm - g) /
@@ -241,7 +251,7 @@ def run_model(name, folder, quick, roadrunner=None, amici_here=None):
         except Exception as e:
             row[f"{key}_error"] = f"{type(e).__name__}: {e}"
         finally:
-            pp.sensealg = default
+            pp.sensealg, pp.solver = default, solver
     # the gradient check away from the nominal values, which are often an optimum
     # (a gradient near zero has no relative accuracy to check)
     rng = np.random.default_rng(1)
@@ -267,8 +277,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     amici = read_json_models(a.amici, "rows")
     if a.markdown is not None:
-        rows = [r for path in a.markdown for r in json.load(open(path))["rows"]]
-        rows = sorted((usable(r) for r in rows), key=lambda r: r["model"])
+        # a model's row from the last file that has it (a rerun of some models)
+        rows = {r["model"]: r for path in a.markdown for r in json.load(open(path))["rows"]}
+        rows = sorted((usable(r) for r in rows.values()), key=lambda r: r["model"])
         print(markdown(rows, amici))
         print("\n" + summary(rows))
         return
