@@ -369,6 +369,8 @@ def _parallel_equals_serial(**kw):
                                       b if not isinstance(b, dict) else list(b.values()))
 
 
+# JAX, loaded in this process by other tests, warns at any fork; the workers never use it
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_worker_processes_give_the_serial_result_bit_for_bit():
     _parallel_equals_serial(workers=2)
     with pytest.raises(ValueError, match="`workers` must be a positive int or None"):
@@ -376,6 +378,8 @@ def test_worker_processes_give_the_serial_result_bit_for_bit():
                 omega={"ka": 0.6}, error={"cp": nl.Additive(0.7)})
 
 
+# JAX, loaded in this process by other tests, warns at any fork; the workers never use it
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
 def test_default_forks_workers_only_where_safe_and_worth_it(monkeypatch):
     import threading
 
