@@ -50,6 +50,9 @@ class BDF(Solver):
     L. F. Shampine, M. W. Reichelt, "The MATLAB ODE Suite", SIAM J. Sci. Comput. 18
     (1997) 1-22. E. Hairer, G. Wanner, "Solving Ordinary Differential Equations II",
     2nd ed., Springer 1996, Section III.5 (BDF) and IV.8 (Newton iterations).
+    A. C. Hindmarsh et al., "SUNDIALS: Suite of Nonlinear and Differential/Algebraic
+    Equation Solvers", ACM Trans. Math. Softw. 31 (2005) 363-396 (CVODE's reuse of the
+    factorisation across steps).
     """
 
     name = "BDF"
