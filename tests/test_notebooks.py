@@ -19,6 +19,8 @@ pytest.importorskip("ipykernel")
 
 from examples import _notebooks  # noqa: E402
 
+pytestmark = pytest.mark.heavy  # see `heavy` in pyproject.toml
+
 EXAMPLES = Path(_notebooks.__file__).resolve().parent
 NOTEBOOKS = sorted(EXAMPLES.glob("*.ipynb"))
 SOURCES = _notebooks.sources(EXAMPLES)

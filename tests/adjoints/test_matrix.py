@@ -19,6 +19,8 @@ from nets import Chain, Dense
 
 from ..methods import METHODS
 
+pytestmark = pytest.mark.heavy  # see `heavy` in pyproject.toml
+
 SOLVERS = {"Tsit5": sciml.Tsit5(), "Vern7": sciml.Vern7(), "Rodas5": sciml.Rodas5()}
 TOL = 1e-10
 

@@ -4,6 +4,7 @@ This compiles a kernel set in-process (not cacheable), so it stays one tiny test
 """
 
 import numpy as np
+import pytest
 
 import nets
 from nets import Chain, Dense
@@ -11,6 +12,7 @@ from nets import Chain, Dense
 from . import reference as ref
 
 
+@pytest.mark.heavy
 def test_cube_activation(cube_activation, rng):
     assert "cube" in nets.activation_names()
     chain = Chain(2, Dense(3, "cube"), Dense(2, "tanh"))

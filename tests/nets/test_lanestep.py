@@ -60,6 +60,7 @@ def _both(chain, loss, targets, rng, n=9):
     return out
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", CHAINS)
 def test_compiled_step_is_the_per_layer_step(name, rng):
     chain = CHAINS[name]()
@@ -85,6 +86,7 @@ def test_chains_without_a_compiled_form_keep_the_per_layer_path():
     assert chain.workspace(2).lanes[0].program(chain) is None
 
 
+@pytest.mark.heavy
 def test_compiled_epoch_is_the_stepwise_epoch(monkeypatch, rng):
     # `train_epoch` (one call, lanes in a parallel loop) against the same steps from
     # Python: the same sums in the same order, so the same parameters bit for bit

@@ -77,6 +77,7 @@ def _pk(solver, **kw):
     return sciml.solve(prob, solver, rtol=1e-9, atol=1e-11, **kw)
 
 
+@pytest.mark.heavy
 def test_doses_and_dense_output_agree_with_rodas5():
     ts = np.linspace(0.0, 48.0, 97)
     a, b = _pk(sciml.BDF(), saveat=ts, dense=True), _pk(sciml.Rodas5(), saveat=ts)
@@ -86,6 +87,7 @@ def test_doses_and_dense_output_agree_with_rodas5():
                                rtol=2e-5, atol=1e-6)
 
 
+@pytest.mark.heavy
 def test_sparse_and_dense_linear_algebra_agree():
     m = robertson_groups(30)
     prob = sciml.ODEProblem(m, u0=np.tile([1.0, 0.0, 0.0], 30), tspan=(0.0, 1e5),
@@ -140,6 +142,7 @@ def bruss50():
     return stiff_models.bruss50()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", [adjoints.InterpolatingAdjoint(), adjoints.BacksolveAdjoint(),
                                     adjoints.ForwardSensitivity()], ids=lambda m: type(m).__name__)
 def test_gradients_through_bdf(bruss50, method):

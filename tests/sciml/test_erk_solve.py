@@ -288,6 +288,7 @@ def test_measurement_sees_allocations(nrt_stats):
 
 
 @needs_jit
+@pytest.mark.heavy
 def test_measurement_sees_a_per_step_allocation(nrt_stats):
     # The measurement below, on `erk_integrate` itself with a system that allocates in
     # its right-hand side: the count grows with the steps (one per evaluation).

@@ -26,6 +26,8 @@ from sciml.losses import SSE, GaussianNLL, ObservationLoss  # noqa: E402
 
 from . import model_zoo as Z  # noqa: E402
 
+pytestmark = pytest.mark.heavy  # see `heavy` in pyproject.toml
+
 TIGHT = dict(rtol=1e-10, atol=1e-10)
 REF = dict(rtol=1e-12, atol=1e-12)
 

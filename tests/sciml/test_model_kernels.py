@@ -299,6 +299,7 @@ def _import_source(m, path):
     return mod
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("make", [zoo.case_two_nets], ids=_ids)
 def test_python_source_agrees_with_the_machine_code(make, rng, tmp_path):
     # The two printers of the same syntax trees: numba's compile of the Python text and

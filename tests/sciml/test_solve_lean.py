@@ -117,6 +117,7 @@ def test_changed_solver_settings_repack():
     assert DP5()._lean(model)[1] is Vern7()._lean(model)[1] is not entry  # shared, unfolded
 
 
+@pytest.mark.heavy
 def test_lean_path_per_state_atol():
     prob = lv_prob()
     t = np.linspace(0, 10, 21)
@@ -181,6 +182,7 @@ def test_fuse_after_from_the_environment(monkeypatch):
             erk._fuse_after(2000)
 
 
+@pytest.mark.heavy
 def test_fused_entry_after_many_solves(monkeypatch):
     # After FUSE_AFTER lean solves of one (solver, model) pair, `solve` switches to the
     # entry point with the model's right-hand side linked in (compiled in a background

@@ -191,6 +191,7 @@ def bruss50():
     return stiff_models.bruss50()
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("method", METHODS, ids=lambda m: type(m).__name__)
 def test_gradients_through_the_sparse_lu(bruss50, method):
     """Every sensitivity method with Rodas5 on the sparse LU (the adjoints solve with
@@ -282,6 +283,7 @@ def test_ilu0_keeps_the_pattern_and_is_exact_without_fill(rng):
     np.testing.assert_allclose(k.pre.LU1, 2.0)
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("solver", [sciml.Rodas5, sciml.BDF])
 def test_krylov_solves_agree_with_dense(solver):
     model = brusselator_1d(40)
@@ -294,6 +296,7 @@ def test_krylov_solves_agree_with_dense(solver):
     np.testing.assert_allclose(np.asarray(a.u), np.asarray(b.u), rtol=1e-6, atol=1e-9)
 
 
+@pytest.mark.heavy
 def test_a_gradient_through_krylov_solves(bruss50):
     prob, data, theta, fd = bruss50
     _, g = sciml.loss_and_grad(prob, data, solver=sciml.Rodas5(linsolve="krylov"),
