@@ -2,7 +2,7 @@
 # # The spiral: a classic neural ODE, and one gradient against diffrax
 #
 # The example that DiffEqFlux.jl and torchdiffeq made the "hello world" of neural ODEs
-# (BENCHMARKS.md item 2): the data are 30 points of the cubic spiral
+# (../shared/BENCHMARKS.md item 2): the data are 30 points of the cubic spiral
 # `du/dt = (u**3) A`, `A = [[-0.1, 2.0], [-2.0, -0.1]]`, `u0 = [2, 0]`, on `t` in `[0, 1.5]`;
 # the model knows nothing of `A` and learns the whole right-hand side,
 # `du/dt = Dense(50 -> 2)(tanh(Dense(2 -> 50)(u**3)))` (252 weights, float64).
@@ -153,7 +153,7 @@ fig.savefig(OUT / "neural_ode_spiral.png", dpi=110)
 # %% [markdown]
 # ## One loss and gradient: ours against diffrax
 #
-# The unit of work of BENCHMARKS.md item 2: the loss and its gradient with respect to all
+# The unit of work of ../shared/BENCHMARKS.md item 2: the loss and its gradient with respect to all
 # 252 weights, Tsit5, `rtol = atol = 1e-6`, 30 save points; here at the initial weights (the
 # benchmark's setting) and at the trained ones, whose vector field is faster and takes
 # about ten times as many steps. Ours is `sciml.loss_and_grad` with its default method;

@@ -1,6 +1,6 @@
 """The JAX/diffrax path agrees with the numba path: solutions, observables, gradients.
 
-Four models: the spiral neural ODE (BENCHMARKS.md item 2), the
+Four models: the spiral neural ODE (../shared/BENCHMARKS.md item 2), the
 Lotka-Volterra UDE, a two-compartment PK model with an observable, a
 repeated bolus, a bolus at ``tf`` and an infusion, and a logistic model with
 a net whose observables call the net and whose initial values are functions
