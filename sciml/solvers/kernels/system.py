@@ -36,6 +36,10 @@ from . import calls
 from .linsolve import lin_factor, lin_jac, lin_mass, lin_solve
 from .structs import BoundModel, Lin
 
+# `sys_f` is typed and lowered once per system type and inlined by LLVM (its
+# `alwaysinline`), not copied into each of a loop's three or four call sites by numba's
+# IR inliner, which types and lowers every copy again.
+_LLVM_INLINE = {**OPTIONS, "forceinline": True}
 _IMPLS = {}  # hook name -> {system class: implementation}
 
 
@@ -85,7 +89,7 @@ def sys_mass(sys):
     _outside()
 
 
-@overload(sys_f, jit_options=OPTIONS, inline="always")
+@overload(sys_f, jit_options=_LLVM_INLINE)
 def _ov_f(sys, out, z, t, k):
     return _impl("f", sys)
 
