@@ -120,21 +120,30 @@ def loss_and_grad(prob, data, loss=None, solver=None, sensealg=None, rtol=1e-6, 
 
 def loss_value(prob, data, loss=None, solver=None, rtol=1e-6, atol=1e-6, params=None,
                max_steps=100_000, dt=None):
-    """The loss alone (no gradient): one forward solve per problem."""
+    """The loss alone (no gradient): one forward solve per problem.
+
+    As in `loss_and_grad`, a solve that stops early (its step limit, a step-size
+    underflow, a non-finite state) issues a `SolveWarning` saying where and why, and the
+    loss is infinite."""
     jobs, loss, _, _ = _prepare(prob, data, loss, solver, adjoints.GaussAdjoint(), rtol,
                                 atol, params, 1, max_steps, dt, need_adaptive=False)
     total = 0.0
-    for job, d in jobs:
+    for i, (job, d) in enumerate(jobs):
         if job.prob.events or job.prob.changes:
             v = chained(job, d, loss, adjoints.GaussAdjoint(), grad=False)[0]
-            if isinstance(v, str):
-                return np.inf
-            total += v
-            continue
-        fw = adjoints.values(job)
-        if fw.status != 0:
+        else:
+            fw = adjoints.values(job)
+            try:
+                fw.check()
+            except adjoints.SolveFailed as e:
+                v = str(e)
+            else:
+                v = observation_loss(job, d, loss, fw.u, fw.sys.m.kern)[0]
+        if isinstance(v, str):
+            warnings.warn(f"loss_value: problem {i}: {v}; returning an infinite loss",
+                          SolveWarning, stacklevel=2)
             return np.inf
-        total += observation_loss(job, d, loss, fw.u, fw.sys.m.kern)[0]
+        total += v
     return total
 
 

@@ -226,6 +226,10 @@ def test_a_failed_solve_gives_an_infinite_loss_and_a_warning():
     with pytest.warns(sciml.SolveWarning, match="problem 0"):
         v, g = sciml.loss_and_grad(prob, data, max_steps=3)
     assert v == np.inf and np.all(np.isnan(g))
+    # the loss alone says why too (a PEtab llh of -inf at tight tolerances was silent)
+    with pytest.warns(sciml.SolveWarning, match=r"loss_value: problem 0: the forward solve "
+                      r"stopped at t = .*maximum number of steps"):
+        assert sciml.loss_value(prob, data, max_steps=3) == np.inf
 
 
 # ---------------------------------------------------------------- bad input
