@@ -6,17 +6,19 @@ value-and-derivative (what the kernels run), its formula over a math
 namespace (what sciml prints into a model's code and differentiates for
 second derivatives), its plain numpy reference (value and derivative, for
 tests) and its JAX function (`nets.jax`). Kernels apply an activation to a
-contiguous row of a buffer (`activate_row`), overwriting `z` with the value
-and writing the derivative beside it, so the backward pass is a plain
-multiply whatever the activation.
+contiguous row of a buffer, overwriting `z` with the value and writing the
+derivative beside it, so the backward pass is a plain multiply whatever the
+activation. They do so through the activation's *row kernel* (`row_address`,
+`call_row`), compiled for one activation when first used: a kernel holds no
+activation code of its own.
 
 The rows follow PyTorch's definitions and names (relu6, hardtanh, hardswish,
 hardsigmoid, selu, leaky_relu, logsigmoid, tanhshrink, softsign, mish, celu, elu,
 and gelu_erf: PyTorch's default, exact gelu; "gelu" is the tanh form), derivatives
 at kinks included. Four take constants (`Activation.constants`: leaky_relu's
 negative_slope, elu's and celu's alpha, hardtanh's min_val and max_val): the
-kernels get them as data (`activate_row_c`), so every value shares the one
-disk-cached kernel; `nets.registry` names them ``"elu(alpha=2.0)"``.
+row kernels get them as data (``c0, c1``), so every value shares the one
+disk-cached row kernel; `nets.registry` names them ``"elu(alpha=2.0)"``.
 
 libm `tanh` is a scalar call that blocks vectorisation (50 of them were most of
 a 2-50-2 network's forward pass), so `tanh` is computed
@@ -29,13 +31,15 @@ on a dense grid), ~5x faster than libm over a row of 50.
 """
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
-from numba import literal_unroll, types
-from numba.extending import overload
+from llvmlite import ir
+from numba import carray, cfunc, types
+from numba.extending import intrinsic, overload
 
 from ._bits import bits_to_float, float_to_bits
 from ._config import FASTMATH, jit
@@ -701,28 +705,57 @@ def _takes_constants(fn):
     return fn.py_func.__code__.co_argcount == 3
 
 
-# The compiled dispatch below reads the table's numba columns, with the constants'
-# defaults (zeros for an activation without constants).
+# The row kernels below read the table's numba columns, with the constants' defaults
+# (zeros for an activation without constants).
 _KERNELS = tuple((a.code, a.value, a.value_slope, *(a.defaults + (0.0, 0.0))[:2])
                  for a in TABLE)
+# Each constant's default per code (zeros where an activation has none).
+_DEFAULT0 = tuple(float(e[3]) for e in _KERNELS)
+_DEFAULT1 = tuple(float(e[4]) for e in _KERNELS)
 
 
-def _apply(value, value_slope, c0, c1, buf, zo, do, n, need_d):
-    """One row through one activation (compiled only: see its overload)."""
+# ---------------------------------------------------------------- row kernels
+#
+# Compiled code applies an activation through the address of its *row kernel*: a C
+# function for one activation and one float type that applies it to a row in place,
+# compiled (or loaded from the disk cache) when first asked for (`row_address`). The
+# kernels that call one (`call_row`) hold no activation code: they are compiled once
+# whatever the activations, and a chain compiles only the activations it uses. (A table
+# of every activation compiled into every kernel was most of a cold first call.)
+
+_FLOATS = {np.dtype(np.float32): types.float32, np.dtype(np.float64): types.float64}
+
+
+def row_signature(dtype):
+    """The C signature of a row kernel on `dtype` (float32 or float64): ``row(z, d, n, c0,
+    c1, need_d)`` writes the activation of z[:n] into z and, if `need_d` (int64, 0 or 1),
+    its derivative into d[:n]; ``c0, c1`` (float64) are the constants of an activation
+    that takes them (`Activation.constants`), ignored by the others."""
+    ptr = types.CPointer(_FLOATS[np.dtype(dtype)])
+    return types.void(ptr, ptr, types.int64, types.float64, types.float64, types.int64)
+
+
+def compile_row(row, dtype, cache=True):
+    """`row` (a Python function of `row_signature`'s arguments) compiled as a C function
+    with the kernels' options."""
+    return cfunc(row_signature(dtype), cache=cache, fastmath=FASTMATH,
+                 error_model="numpy")(row)
+
+
+def _apply(value, value_slope, c0, c1, z, d, n, need_d):
+    """z[:n] through one activation, derivative into d (compiled only: see its overload)."""
 
 
 @overload(_apply, inline="always", jit_options=dict(fastmath=FASTMATH, error_model="numpy"))
-def _apply_overload(value, value_slope, c0, c1, buf, zo, do, n, need_d):
+def _apply_overload(value, value_slope, c0, c1, z, d, n, need_d):
     # The functions from their numba types, as free variables of the loop: numba inlines a
     # free variable's function (a table entry's it would call), so the loop vectorises.
     f, fd = value.dispatcher, value_slope.dispatcher
 
     if _takes_constants(f):
-        def apply(value, value_slope, c0, c1, buf, zo, do, n, need_d):
-            k0, k1 = buf.dtype.type(c0), buf.dtype.type(c1)
-            z = buf[zo:zo + n]
+        def apply(value, value_slope, c0, c1, z, d, n, need_d):
+            k0, k1 = z.dtype.type(c0), z.dtype.type(c1)
             if need_d:
-                d = buf[do:do + n]
                 for j in range(n):
                     z[j], d[j] = fd(z[j], k0, k1)
             else:
@@ -731,10 +764,8 @@ def _apply_overload(value, value_slope, c0, c1, buf, zo, do, n, need_d):
 
         return apply
 
-    def apply(value, value_slope, c0, c1, buf, zo, do, n, need_d):
-        z = buf[zo:zo + n]
+    def apply(value, value_slope, c0, c1, z, d, n, need_d):
         if need_d:
-            d = buf[do:do + n]
             for j in range(n):
                 z[j], d[j] = fd(z[j])
         else:
@@ -744,42 +775,90 @@ def _apply_overload(value, value_slope, c0, c1, buf, zo, do, n, need_d):
     return apply
 
 
-# Each constant's default per code (zeros where an activation has none).
-_DEFAULT0 = tuple(float(e[3]) for e in _KERNELS)
-_DEFAULT1 = tuple(float(e[4]) for e in _KERNELS)
+def _builtin_row(code):
+    # A closure over the code alone (an int): numba's disk cache tells closures apart by
+    # their cells' pickles, which for a compiled function would differ in every process.
+    def row(zp, dp, n, c0, c1, need_d):
+        entry = _KERNELS[code]  # a constant index: this activation's functions alone
+        _apply(entry[1], entry[2], c0, c1, carray(zp, n), carray(dp, n), n, need_d != 0)
+
+    return row
 
 
-@jit(inline="always")
+_rows = {}  # (code, dtype) -> row kernel (a numba cfunc, kept alive with its address)
+_rows_lock = threading.Lock()
+
+
+def row_address(code, dtype):
+    """The address of builtin activation `code`'s row kernel on `dtype` (see
+    `row_signature`), compiled or loaded from the disk cache on first use; valid for the
+    life of the process."""
+    key = (int(code), np.dtype(dtype))
+    with _rows_lock:  # one compile, whichever thread asks first
+        if key not in _rows:
+            if not 0 <= key[0] < len(TABLE) or key[1] not in _FLOATS:
+                raise ValueError(f"no row kernel for activation code {code} on {dtype}")
+            _rows[key] = compile_row(_builtin_row(key[0]), key[1])
+        return _rows[key].address
+
+
+@intrinsic
+def call_row(typingctx, addr, buf, zo, do, n, c0, c1, need_d):
+    """Inside compiled code: the row kernel at `addr` (`row_address`) on buf[zo:zo+n],
+    derivative to buf[do:do+n] if `need_d`; `buf` a C-contiguous float32 or float64
+    vector of the kernel's type, ``c0, c1`` its activation's constants."""
+    if not (isinstance(buf, types.Array) and buf.ndim == 1 and buf.layout == "C"
+            and buf.dtype in _FLOATS.values()):
+        return None
+    real = ir.FloatType() if buf.dtype == types.float32 else ir.DoubleType()
+    i64, f64 = ir.IntType(64), ir.DoubleType()
+    fnty = ir.FunctionType(ir.VoidType(), [real.as_pointer(), real.as_pointer(), i64, f64,
+                                           f64, i64])
+    sig = types.void(addr, buf, zo, do, n, c0, c1, need_d)
+
+    def codegen(context, builder, sig, args):
+        def as_(k, ty):
+            return context.cast(builder, args[k], sig.args[k], ty)
+
+        data = context.make_array(sig.args[1])(context, builder, args[1]).data
+        fp = builder.inttoptr(as_(0, types.int64), fnty.as_pointer())
+        builder.call(fp, [builder.gep(data, [as_(2, types.int64)]),
+                          builder.gep(data, [as_(3, types.int64)]), as_(4, types.int64),
+                          as_(5, types.float64), as_(6, types.float64), as_(7, types.int64)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit
+def _run_row(addr, buf, zo, do, n, c0, c1, need_d):
+    call_row(addr, buf, zo, do, n, c0, c1, need_d)
+
+
+def run_row(addr, buf, zo, do, n, c0, c1, need_d):
+    """From Python: the row kernel at `addr` on buf[zo:zo+n] in place, derivative to
+    buf[do:do+n] if `need_d` (`call_row`); `buf` a C-contiguous vector of the kernel's
+    float type. Raises ValueError where a row would leave `buf`."""
+    if not (isinstance(buf, np.ndarray) and buf.ndim == 1 and buf.dtype in _FLOATS
+            and buf.flags.c_contiguous and buf.flags.writeable):
+        raise ValueError("`buf` must be a writeable C-contiguous float32 or float64 vector")
+    if n < 0 or zo < 0 or zo + n > buf.size or (need_d and (do < 0 or do + n > buf.size)):
+        raise ValueError(f"rows [{zo}, {zo + n}) and [{do}, {do + n}) do not fit `buf` "
+                         f"(size {buf.size})")
+    # one set of argument types: one compiled copy per float type
+    _run_row(int(addr), buf, int(zo), int(do), int(n), float(c0), float(c1), bool(need_d))
+
+
 def activate_row_c(code, c0, c1, buf, zo, do, n, need_d):
-    """Apply activation `code` with the constants ``c0, c1`` (float64; see
+    """Apply builtin activation `code` with the constants ``c0, c1`` (see
     `Activation.constants`; ignored by an activation without them) to buf[zo:zo+n] in
-    place; derivative to buf[do:do+n].
-
-    The arguments are converted to one set of types here, so the table below is compiled
-    once per buffer type, whatever integer and float types the callers hold.
-    """
-    _activate_row(np.int64(code), np.float64(c0), np.float64(c1), buf, np.int64(zo),
-                  np.int64(do), np.int64(n), bool(need_d))
+    place; derivative to buf[do:do+n] if `need_d` (from Python: `run_row`)."""
+    run_row(row_address(code, buf.dtype), buf, zo, do, n, c0, c1, need_d)
 
 
-@jit
-def _activate_row(code, c0, c1, buf, zo, do, n, need_d):
-    """`activate_row_c` on its one set of argument types.
-
-    The branch on `code` sits outside the element loops (one loop per table
-    row, unrolled at compile time), so each loop is a straight vectorisable body.
-    """
-    for entry in literal_unroll(_KERNELS):
-        if code == entry[0] and (need_d or code != 0):  # identity's value: nothing to do
-            _apply(entry[1], entry[2], c0, c1, buf, zo, do, n, need_d)
-
-
-@jit
 def activate_row(code, buf, zo, do, n, need_d):
-    """`activate_row_c` with each constant at its default (one compiled copy of the table
-    serves both)."""
-    if 0 <= code < len(_DEFAULT0):
-        activate_row_c(code, _DEFAULT0[code], _DEFAULT1[code], buf, zo, do, n, need_d)
+    """`activate_row_c` with each constant at its default."""
+    activate_row_c(code, _DEFAULT0[code], _DEFAULT1[code], buf, zo, do, n, need_d)
 
 
 def reference(name, z, *constants):

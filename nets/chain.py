@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import layerwise, registry
+from . import kernels, layerwise, registry
 from ._checks import as_float_array, check_out, check_params
 from .layers import Dense, Layer
 
@@ -81,9 +81,10 @@ class Workspace:
         self.dtype = np.dtype(dtype)
         self.batch = int(batch)
         k = chain._kernels
-        self.buf = np.zeros(int(k["chunk_size"](chain.meta)), dtype=self.dtype)
+        meta = chain._meta(self.dtype)
+        self.buf = np.zeros(int(k["chunk_size"](meta)), dtype=self.dtype)
         # One sample (1-D x) runs the matrix-vector kernels on this small scratch.
-        self.buf1 = np.zeros(int(k["sample_size"](chain.meta)), dtype=self.dtype)
+        self.buf1 = np.zeros(int(k["sample_size"](meta)), dtype=self.dtype)
 
 
 class _Step(NamedTuple):
@@ -99,7 +100,6 @@ class _Step(NamedTuple):
     soff: int
     n_state: int
     act: int  # activation code, -1 for none (or identity)
-    custom: object  # compiled dispatcher of a custom activation (per-layer path), or None
     consts: tuple  # (c0, c1) of an activation with non-default constants, else None
 
 
@@ -116,7 +116,7 @@ def _plan(layers, shape):
         name = getattr(layer, "activation", None)
         act, c0, c1 = (-1, 0.0, 0.0) if name in (None, "identity") else registry.resolve(name)
         plan.append(_Step(layer, shape, out, math.prod(shape), math.prod(out), poff, n_p,
-                          soff, n_s, act, None, None if _plain(name) else (c0, c1)))
+                          soff, n_s, act, None if _plain(name) else (c0, c1)))
         poff += n_p
         soff += n_s
         shape = out
@@ -202,20 +202,28 @@ class Chain:
         self.n_params = last.poff + last.n_params
         self.n_state = last.soff + last.n_state
         self.dense_layers = _dense_table(plan)
-        # The fused kernels take activations by code only: no constants.
+        # Constants other than the defaults run on the per-layer path.
         self.fused = self.dense_layers is not None and all(L.consts is None for L in plan)
         self._local = threading.local()
         self._default_state = {}
-        if self.fused:
-            self.meta = np.array([(n, m, registry.code(a), w, b)
-                                  for n, m, a, w, b in self.dense_layers], dtype=np.int64)
-            self._kernels = registry.kernels_for([layer.activation for layer in layers])
-        else:
-            self.meta = None
-            self._kernels = None
-            plan = tuple(L._replace(custom=layerwise.custom_activation(L.layer.activation))
-                         if L.act >= 0 else L for L in plan)
+        self._metas = {}
+        self._kernels = vars(kernels) if self.fused else None
         self._plan = plan
+
+    def _meta(self, dtype):
+        """The fused kernels' layer table (`nets.kernels`) for parameters of `dtype`: its
+        activation column holds each layer's row kernel for that dtype, compiled (or
+        loaded from the disk cache) on first use, so a chain compiles only the
+        activations it uses, in the dtypes it runs in."""
+        dtype = np.dtype(dtype)
+        meta = self._metas.get(dtype)
+        if meta is None:
+            rows = []
+            for n, m, a, w, b in self.dense_layers:
+                addr, c0, c1 = registry.row(a, dtype)
+                rows.append((n, m, addr, w, b, *np.array([c0, c1]).view(np.int64)))
+            meta = self._metas[dtype] = np.array(rows, dtype=np.int64)
+        return meta
 
     def _input_arg(self):
         return self.in_shape[0] if len(self.in_shape) == 1 else self.in_shape
@@ -352,14 +360,14 @@ class Chain:
         if self.fused and state is not None:
             self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
         if self.fused and nx < 0 and ny < 0:
-            self._kernels["forward1"](self.meta, p, x, y, ws.buf1)
+            self._kernels["forward1"](self._meta(p.dtype), p, x, y, ws.buf1)
             return
         X, Y = _as_batch(x, nx, self.in_shape), _as_batch(y, ny, self.out_shape)
         if not self.fused:
             layerwise.forward_batch(self, ws, X, p, self._state(state, ws.dtype), training,
                                     seed, False, Y)
             return
-        self._kernels["forward"](self.meta, p, X, Y, ws.buf)
+        self._kernels["forward"](self._meta(p.dtype), p, X, Y, ws.buf)
 
     def vjp_into(self, xbar, pbar, v, x, p, ws, *, state=None, training=False, seed=0):
         """Vector-Jacobian product at `x` with cotangent `v` (shaped like the output).
@@ -378,7 +386,7 @@ class Chain:
         if self.fused and state is not None:
             self._state(state, ws.dtype)  # refused as for any chain; Dense keeps none
         if self.fused and nx < 0 and nv < 0 and nb < 0:
-            self._kernels["vjp1"](self.meta, p, x, v, xbar, pbar, ws.buf1)
+            self._kernels["vjp1"](self._meta(p.dtype), p, x, v, xbar, pbar, ws.buf1)
             return
         X, V = _as_batch(x, nx, self.in_shape), _as_batch(v, nv, self.out_shape)
         Xb = _as_batch(xbar, nb, self.in_shape)
@@ -386,7 +394,7 @@ class Chain:
             layerwise.vjp_batch(self, ws, X, V, Xb, p, pbar, self._state(state, ws.dtype),
                                 training, seed)
             return
-        self._kernels["vjp"](self.meta, p, X, V, Xb, pbar, ws.buf)
+        self._kernels["vjp"](self._meta(p.dtype), p, X, V, Xb, pbar, ws.buf)
 
     def jacobian_into(self, J, x, p, ws):
         """Write dy/dx into `J`, in evaluation mode: ``(*out_shape, *in_shape)`` for one
@@ -402,11 +410,12 @@ class Chain:
         shape = (*self.out_shape, *self.in_shape)
         check_out("J", J, shape if n < 0 else (n, *shape), ws.dtype)
         if self.fused and n < 0:
-            self._kernels["jacobian1"](self.meta, p, x, J, ws.buf1)
+            self._kernels["jacobian1"](self._meta(p.dtype), p, x, J, ws.buf1)
             return
         X = _as_batch(x, n, self.in_shape)
         if self.fused and self.n_in <= self._kernels["B"]:
-            self._kernels["jacobian"](self.meta, p, X, _as_batch(J, n, shape), ws.buf)
+            self._kernels["jacobian"](self._meta(p.dtype), p, X, _as_batch(J, n, shape),
+                                      ws.buf)
         else:
             self._jacobian_by_vjps(J, X, p, ws)
 

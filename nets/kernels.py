@@ -1,9 +1,13 @@
 """Compiled kernels shared by every `Chain`: one generic set that loops over layers.
 
 A chain is described to the kernels by `meta`, an int64 array with one row
-per layer: (n_in, n_out, activation code, weight offset, bias offset or -1),
+per layer: (n_in, n_out, activation, weight offset, bias offset or -1, c0, c1),
 offsets into the flat parameter vector `p` (weights row-major (out, in), then
-the bias). Samples are processed in chunks of `B`: a chunk is copied into the
+the bias). The activation is the address of its row kernel for the dtype of `p`
+(`nets.activations.row_address`, or a registered activation's), called through
+that address, with its constants ``c0, c1`` (the bits of float64s): the kernels
+hold no activation code, so they are compiled once whatever the activations.
+Samples are processed in chunks of `B`: a chunk is copied into the
 workspace feature-major, `(features)`, so that every inner loop runs over
 contiguous samples and vectorises. A workspace row for one chunk holds
 
@@ -11,27 +15,19 @@ contiguous samples and vectorises. A workspace row for one chunk holds
      two cotangent buffers (width_max*B each)]
 
 (`chunk_size`). Nothing here allocates: callers own every buffer.
-
-Custom activations recompile this very source with another activation
-dispatcher (`with_activation`): one set of kernels, never a hand-copied twin.
 """
 
 import math
-from pathlib import Path
+import threading
 
 import numpy as np
-from numba import prange
+from numba import cfunc, from_dtype, prange, types
 
-from ._config import jit as _jit
-from ._config import pjit as _pjit
-from .activations import activate_row
+from ._bits import bits_to_float
+from ._config import OPTIONS, jit, pjit
+from .activations import call_row
 
-_OVERRIDE = globals().get("_ACTIVATE_OVERRIDE")
-_activate = _OVERRIDE if _OVERRIDE is not None else activate_row
-# A recompiled copy has no source file of its own to cache against.
-_CACHE = _OVERRIDE is None
-
-IN, OUT, ACT, WOFF, BOFF = range(5)
+IN, OUT, ACT, WOFF, BOFF, C0, C1 = range(7)
 
 # Samples per chunk: a compile-time constant, so that rows of a layer sit at
 # constant offsets from each other (see the per-layer cores). Measured on the
@@ -40,18 +36,10 @@ IN, OUT, ACT, WOFF, BOFF = range(5)
 # gradient; past 512 the layer buffers no longer stay near L1.
 B = 512
 
-# _ONE_COPY: a flag passed as a literal True or False is a numba type of its own, so each
-# kernel below a call that spells one would be compiled again beside the copy that takes
+# _ONE_COPY: a flag passed as a literal True or False is a numba type of its own, so a
+# compiled function called with one would be compiled again beside the copy that takes
 # a runtime bool (loss_and_grad's); the calls pass bool(True) / bool(False), a runtime
-# bool. (forward_layers of one sample keeps its literals: that copy is made for B = 1.)
-
-
-def jit(*a, **k):
-    return _jit(*a, cache=_CACHE, **k)
-
-
-def pjit(*a, **k):
-    return _pjit(*a, cache=_CACHE, **k)
+# bool. (Functions inlined at numba's level, as the layer loops, take literals freely.)
 
 
 # ---------------------------------------------------------------- layout
@@ -68,11 +56,19 @@ def _widths(meta):
     return n, w
 
 
-@jit
 def chunk_size(meta):
-    """Length of one chunk's workspace row, padded to 64 bytes."""
-    n, w = _widths(meta)
-    return (B * (n + 2 * w) + 15) // 16 * 16
+    """Length of one chunk's workspace row, padded to 64 bytes (in Python: a compile
+    would cost more than every call)."""
+    n, w = _widths.py_func(meta)
+    return int((B * (n + 2 * w) + 15) // 16 * 16)
+
+
+@jit(inline="always")
+def _activate(meta, l, buf, zo, do, n, need_d):
+    """Layer l's activation on buf[zo:zo+n] in place, its derivative into buf[do:do+n] if
+    `need_d`."""
+    call_row(meta[l, ACT], buf, zo, do, n, bits_to_float(meta[l, C0]),
+             bits_to_float(meta[l, C1]), need_d)
 
 
 @jit(inline="always")
@@ -89,14 +85,18 @@ def _delta_offsets(meta):
 # weights where the operation accumulates); layers narrower than 4 use the
 # plain loops. Rows sit at constant multiples of the compile-time chunk
 # width B, which lets LLVM vectorise with a single aliasing check.
+#
+# Cores and their small helpers are called, not inlined at numba's level (inline="always"
+# copies a function's IR into every call site: for these, seconds of a cold compile);
+# LLVM still inlines the small ones.
 
 
-@jit(inline="always")
+@jit
 def _w(p, woff, nin, o, i, fresh):
     return p[woff + o * nin + i] if fresh else p.dtype.type(0.0)
 
 
-@jit(inline="always")
+@jit
 def _dense_forward(p, woff, boff, nin, nout, buf, xo, zo, nb):
     """z[o, :] = b[o] + sum_i W[o, i] x[i, :] for the chunk's nb columns."""
     zero = p.dtype.type(0.0)
@@ -155,7 +155,7 @@ def _dense_forward(p, woff, boff, nin, nout, buf, xo, zo, nb):
                     z[3 * B + b] += w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
 
 
-@jit(inline="always")
+@jit
 def _weight_grad(p, g, woff, nin, nout, buf, xo, go, nb):
     """g[W] += dz @ x^T over the chunk (reductions over samples)."""
     zero = p.dtype.type(0.0)
@@ -202,7 +202,7 @@ def _weight_grad(p, g, woff, nin, nout, buf, xo, go, nb):
             _acc_row(g, woff + (o + 3) * nin + i, o + 3 >= ob, i, ib, s30, s31, s32, s33)
 
 
-@jit(inline="always")
+@jit
 def _acc_row(g, k, row_fresh, i, ib, s0, s1, s2, s3):
     # Entries a shifted edge block shares with the previous block are skipped.
     if row_fresh:
@@ -216,7 +216,7 @@ def _acc_row(g, k, row_fresh, i, ib, s0, s1, s2, s3):
             g[k + 3] += s3
 
 
-@jit(inline="always")
+@jit
 def _input_grad(p, woff, nin, nout, buf, go, gi, nb):
     """gx[i, :] = sum_o W[o, i] dz[o, :]."""
     if nout < 4 or nin < 4:
@@ -295,10 +295,14 @@ def _dense_backward(p, g, woff, boff, nin, nout, buf, xo, do, go, gi, nb, want_i
         _input_grad(p, woff, nin, nout, buf, go, gi, nb)
 
 
-@jit
+# The layer loops inline into their callers: numba optimises a function together with
+# every compiled function it calls, so as functions of their own they were optimised once
+# alone and again inside each caller. (The cores they call are big: numba would copy
+# them into each caller at a cost above optimising them twice.)
+@jit(inline="always")
 def forward_layers(meta, p, buf, nb, need_d):
     """Run all layers on the chunk already in buf[0:n_in*B]; return the output offset."""
-    xo = 0
+    xo = np.int64(0)  # a literal 0 would compile `_dense_forward` once more, for it
     off = meta[0, IN] * B
     for l in range(meta.shape[0]):
         nin = meta[l, IN]
@@ -306,14 +310,17 @@ def forward_layers(meta, p, buf, nb, need_d):
         zo = off
         do = off + nout * B
         _dense_forward(p, meta[l, WOFF], meta[l, BOFF], nin, nout, buf, xo, zo, nb)
-        for o in range(nout):
-            _activate(meta[l, ACT], buf, zo + o * B, do + o * B, nb, need_d)
+        if nb == B:  # a full chunk's rows are contiguous: one call for all of them
+            _activate(meta, l, buf, zo, do, nout * B, need_d)
+        else:
+            for o in range(nout):
+                _activate(meta, l, buf, zo + o * B, do + o * B, nb, need_d)
         xo = zo
         off = do + nout * B
     return xo
 
 
-@jit
+@jit(inline="always")
 def backward_layers(meta, p, g, buf, nb, want_input):
     """Back-propagate the output cotangent found at the first cotangent buffer.
 
@@ -407,7 +414,7 @@ def jacobian(meta, p, X, J, buf):
             nin = meta[l, IN]
             nout = meta[l, OUT]
             do = off + nout * B
-            _dense_forward(p, meta[l, WOFF], -1, nin, nout, buf, ta, tb, nin0)
+            _dense_forward(p, meta[l, WOFF], np.int64(-1), nin, nout, buf, ta, tb, nin0)
             for o in range(nout):
                 s = buf[do + o * B]
                 for j in range(nin0):
@@ -428,11 +435,11 @@ def jacobian(meta, p, X, J, buf):
 # each, for `jacobian1`)].
 
 
-@jit
 def sample_size(meta):
-    """Length of the scratch vector of the one-sample kernels."""
-    n, w = _widths(meta)
-    return n + 2 * w + 2 * w * meta[0, IN]
+    """Length of the scratch vector of the one-sample kernels (in Python, as
+    `chunk_size`)."""
+    n, w = _widths.py_func(meta)
+    return int(n + 2 * w + 2 * w * meta[0, IN])
 
 
 @jit
@@ -461,7 +468,7 @@ def _forward1_layers(meta, p, buf, need_d):
                 for i in range(nin):
                     acc += p[woff + o * nin + i] * buf[xo + i]
                 buf[off + o] = acc
-        _activate(meta[l, ACT], buf, off, off + nout, nout, need_d)
+        _activate(meta, l, buf, off, off + nout, nout, need_d)
         xo = off
         off += 2 * nout
     return xo
@@ -611,12 +618,14 @@ def _loss_and_seed(code, buf, yo, ga, to, nb, nout, scale):
     return total * scale
 
 
-@jit
 def loss_grad_rows(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, buf, want_grad):
     """Loss over samples lo:hi (and its gradient added to g), in chunks of B.
 
     XT (n_in, N) and TT (n_targets, N) are feature-major. Sample k is column
     rows[k] if `gather`, else column k (full batch: contiguous copies).
+
+    Compiled as a C function, one per float type (`rows_kernel`), which the threaded
+    kernels call through its address.
     """
     nout = meta[-1, OUT]
     ga, gb = _delta_offsets(meta)
@@ -629,13 +638,42 @@ def loss_grad_rows(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, buf, w
         yo = forward_layers(meta, p, buf, nb, want_grad)
         total += _loss_and_seed(code, buf, yo, ga, gb, nb, nout, scale)
         if want_grad:
-            backward_layers(meta, p, g, buf, nb, bool(False))  # noqa: UP018 (see _ONE_COPY)
+            backward_layers(meta, p, g, buf, nb, False)
     return total
 
 
+def _rows_signature(dtype):
+    v, m = from_dtype(dtype)[::1], from_dtype(dtype)[:, ::1]
+    return types.float64(types.int64[:, ::1], v, m, m, types.int64[::1], types.boolean,
+                         types.int64, types.int64, types.int64, types.float64, v, v,
+                         types.boolean)
+
+
+_rows_kernels = {}
+_rows_lock = threading.Lock()
+
+
+def rows_kernel(dtype):
+    """`loss_grad_rows` on `dtype` (float32 or float64) as a C function, compiled or loaded
+    from the disk cache on first use: the `rows_fn` of `loss_grad` and `train_steps`.
+
+    Called through its address, it is not compiled into its callers: numba optimises a
+    function together with every compiled function it calls, and the parallel loop alone
+    made four such copies of the layer kernels (the thread pool's entry and wrappers).
+    Its arrays are C-contiguous and writeable.
+    """
+    dtype = np.dtype(dtype)
+    with _rows_lock:
+        if dtype not in _rows_kernels:
+            _rows_kernels[dtype] = cfunc(_rows_signature(dtype), **OPTIONS)(loss_grad_rows)
+        return _rows_kernels[dtype]
+
+
 @jit
-def loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt, want_grad):
-    """Threaded loss (and gradient written into g) over samples lo:hi (see loss_grad_rows).
+def loss_grad(rows_fn, meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
+              want_grad):
+    """Threaded loss (and gradient written into g) over samples lo:hi (see loss_grad_rows,
+    `rows_fn` its `rows_kernel`).
 
     Thread t takes one contiguous block of samples, its own workspace BUF[t]
     and gradient buffer G[t] (its first n_params entries, its loss at n_params; the
@@ -643,18 +681,29 @@ def loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
     given `nt` the result does not depend on scheduling. Fewer than two
     chunks run on the calling thread: a parallel launch costs more there.
     """
+    return _loss_grad(rows_fn, meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF,
+                      nt, want_grad)
+
+
+# Inlined into `train_steps` rather than called: numba optimises a function together with
+# every compiled function it calls (linked in), so each level of calls over the layer
+# kernels optimises them once more, and a cold `train_steps` paid for one level more.
+@jit(inline="always")
+def _loss_grad(rows_fn, meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
+               want_grad):
+    """`loss_grad`."""
     n = hi - lo
     npar = g.shape[0]
     for k in range(npar):
         g[k] = 0.0
     if nt <= 1 or n < 2 * B:
-        return loss_grad_rows(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, BUF[0],
-                              want_grad)
+        return rows_fn(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, BUF[0],
+                       want_grad)
     per = (n + nt - 1) // nt
     per = (per + B - 1) // B * B  # whole chunks per thread
     nblk = (n + per - 1) // per
-    _loss_grad_blocks(meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, scale, G, BUF,
-                      want_grad)
+    _loss_grad_blocks(rows_fn, meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, scale,
+                      G, BUF, want_grad)
     total = 0.0
     for t in range(nblk):
         total += G[t, npar]
@@ -665,8 +714,8 @@ def loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
 
 
 @pjit
-def _loss_grad_blocks(meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, scale, G, BUF,
-                      want_grad):
+def _loss_grad_blocks(rows_fn, meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, scale,
+                      G, BUF, want_grad):
     # Only the prange lives here: in a parallel function numba turns array
     # expressions into parallel regions too, each one a thread-pool launch.
     npar = p.shape[0]  # G's rows may be padded past the loss column
@@ -675,8 +724,8 @@ def _loss_grad_blocks(meta, p, XT, TT, rows, gather, lo, hi, per, nblk, code, sc
         for k in range(npar + 1):
             gt[k] = 0.0
         a = lo + t * per
-        gt[npar] = loss_grad_rows(meta, p, XT, TT, rows, gather, a, min(a + per, hi), code,
-                                  scale, gt[:npar], BUF[t], want_grad)
+        gt[npar] = rows_fn(meta, p, XT, TT, rows, gather, a, min(a + per, hi), code, scale,
+                           gt[:npar], BUF[t], want_grad)
 
 
 @jit
@@ -741,8 +790,10 @@ def optimizer_step(code, hyper, p, g, m, v, step):
 
 
 @jit
-def train_steps(meta, p, data, bs, nsteps, loss, optimizer, step, hist, g, G, BUF, nt):
-    """`nsteps` optimizer steps on consecutive batches of `bs` samples.
+def train_steps(rows_fn, meta, p, data, bs, nsteps, loss, optimizer, step, hist, g, G, BUF,
+                nt):
+    """`nsteps` optimizer steps on consecutive batches of `bs` samples (`rows_fn`: the
+    `rows_kernel` of p's dtype).
 
     ``data = (XT, TT, rows, gather)`` as `loss_grad_rows` takes them, ``loss =
     (code, mean, l1, l2)``, ``optimizer = (code, hyper, m, v)`` as `optimizer_step`.
@@ -765,28 +816,14 @@ def train_steps(meta, p, data, bs, nsteps, loss, optimizer, step, hist, g, G, BU
         lo = (s * bs) % n
         hi = min(lo + bs, n)
         scale = 1.0 / ((hi - lo) * (nout if code != LOGITCE else 1)) if mean else 1.0
-        val = loss_grad(meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G, BUF, nt,
-                        want_grad)
+        val = _loss_grad(rows_fn, meta, p, XT, TT, rows, gather, lo, hi, code, scale, g, G,
+                         BUF, nt, want_grad)
         share = 1.0 if mean else (hi - lo) / n
         val += penalty(meta, p, g, share * l1, share * l2)
         hist[s] = val
         step += 1
         optimizer_step(opt, hyper, p, g, m, v, step)
     return step
-
-
-def with_activation(activate):
-    """This module's kernels recompiled around another activation dispatcher.
-
-    `activate(code, buf, zo, do, n, need_d)` must handle the builtin codes too
-    (delegate to `activations.activate_row`). Not cached on disk: numba cannot
-    key a cache on a user's function.
-    """
-    src = Path(__file__).read_text()
-    ns = {"__name__": f"{__name__}_custom_{id(activate):x}", "__package__": __package__,
-          "_ACTIVATE_OVERRIDE": activate}
-    exec(compile(src, __file__, "exec"), ns)
-    return ns
 
 
 __all__ = ["chunk_size", "forward", "vjp", "jacobian", "sample_size", "forward1", "vjp1",

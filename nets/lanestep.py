@@ -3,11 +3,11 @@
 The per-layer path (`nets.layerwise`) calls each layer's kernels from Python: some
 forty calls a minibatch per lane, with Python (and, on two threads, the GIL) between
 them. When every layer of a chain describes its kernels as data (`Layer.compiled` ->
-`Kernels`) and its activations are builtins, `Program` lays the chain out in tables
-and `train_step` runs gather, forward, loss and pullback of one lane's block in a
-single nogil call: one compiled function for every such chain, with the chain as its
-data. `train_epoch` runs a whole epoch of minibatches in one call, the lanes of a step
-in a parallel loop, then the lane sum and the optimizer's update.
+`Kernels`), `Program` lays the chain out in tables and `train_step` runs gather,
+forward, loss and pullback of one lane's block in a single nogil call: one compiled
+function for every such chain, with the chain as its data. `train_epoch` runs a whole
+epoch of minibatches in one call, the lanes of a step in a parallel loop, then the lane
+sum and the optimizer's update.
 
 Layouts. The leading run of direct convolutions and max poolings (LeNet's first four
 layers) runs feature-major, samples innermost (`nets.conv.conv_forward_fm`,
@@ -17,7 +17,8 @@ the bridge. A relu before a max pooling in the run becomes the pooling's clamp a
 (`Program._relu_into_pool`). Both make LeNet5's float32 training step faster than the
 same step on rows (`python -m benchmarks.lenet5` times it).
 
-The layer table's columns are `KIND` .. `CLAMP`; the buffers are the lane's own
+The layer table's columns are `KIND` .. `ROW` (the address of the layer's activation's
+row kernel, `nets.activations.call_row`); the buffers are the lane's own
 (`nets.layerwise.Lane`) but for the run's scratch and the bridge, so both paths see the
 same memory. The small compiled pieces
 both paths use (`gather`, `loss_seed`, `multiply`, `add_lanes`, `penalty`) live here
@@ -31,7 +32,7 @@ from numba import prange
 from numba.typed import List
 
 from ._config import jit, pjit
-from .activations import _DEFAULT0, _DEFAULT1, CODES, activate_row_c
+from .activations import CODES, call_row
 from .conv import (
     _direct,
     conv_forward,
@@ -45,25 +46,25 @@ from .layers import CONV, DENSE, POOL
 from .linear import dense_forward, dense_pullback
 from .pool import _pool, fm_pool_ok, pool_fm
 
-KIND, ACT, IN, OUT, POFF, NPAR, TRANSPOSED, BIAS, NOUT, GEO, TAPS, FM, CLAMP = range(13)
+KIND, ACT, IN, OUT, POFF, NPAR, TRANSPOSED, BIAS, NOUT, GEO, TAPS, FM, CLAMP, ROW = range(14)
 C0, C1, NORM = range(3)
 RELU = CODES["relu"]
 
 
 class Program:
     """One lane's chain as tables for `train_step`, or `None` from `Program.of` when a
-    layer has no compiled form (or an activation is a custom one)."""
+    layer has no compiled form."""
 
     @classmethod
     def of(cls, chain, lane):
         kernels = [L.layer.compiled(L.in_shape) for L in chain._plan]
-        if any(k is None for k in kernels) or any(L.custom is not None for L in chain._plan):
+        if any(k is None for k in kernels):
             return None
         return cls(chain, lane, kernels)
 
     def __init__(self, chain, lane, kernels):
         plan = chain._plan
-        self.table = np.zeros((len(plan), 13), np.int64)
+        self.table = np.zeros((len(plan), ROW + 1), np.int64)
         self.consts = np.zeros((len(plan), 3), np.float64)
         geos, ctaps, ptaps = [], [], []
         for l, (L, k) in enumerate(zip(plan, kernels)):
@@ -71,9 +72,8 @@ class Program:
             row[KIND], row[ACT], row[IN], row[OUT] = k.kind, L.act, L.in_size, L.out_size
             row[POFF], row[NPAR] = L.poff, L.n_params
             row[TRANSPOSED], row[BIAS], row[NOUT] = k.transposed, k.bias, k.out
-            if L.act >= 0:
-                c = L.consts if L.consts is not None else (_DEFAULT0[L.act], _DEFAULT1[L.act])
-                self.consts[l, C0], self.consts[l, C1] = c
+            if L.act >= 0:  # the row kernel and constants of the lane's dtype
+                row[ROW], self.consts[l, C0], self.consts[l, C1] = lane.acts[l]
             self.consts[l, NORM] = k.norm
             row[GEO] = len(geos)
             geos.append(k.geo)
@@ -285,8 +285,7 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
             else:
                 y[:, :] = h
         if t[ACT] >= 0:
-            activate_row_c(t[ACT], consts[l, C0], consts[l, C1], outs[l], zero, cap * S, n * S,
-                           yes)
+            call_row(t[ROW], outs[l], zero, cap * S, n * S, consts[l, C0], consts[l, C1], yes)
         h = y
     top = table[nl - 1, OUT]
     if table[nl - 1, FM]:

@@ -32,7 +32,7 @@ import numba
 import numpy as np
 
 from . import registry
-from .activations import activate_row, activate_row_c
+from .activations import run_row
 from .lanestep import LOGITCE, Lanes, Program, add_lanes, gather, loss_seed, multiply, penalty
 from .layers import Context
 from .rng import layer_key
@@ -47,6 +47,10 @@ class Lane:
         self.rows = rows
         plan = chain._plan
         self.out = [np.zeros(rows * L.out_size * (2 if L.act >= 0 else 1), dtype) for L in plan]
+        # Per layer with an activation, its row kernel for `dtype` and its constants
+        # (`nets.registry.row`), else None.
+        self.acts = [registry.row(L.layer.activation, dtype) if L.act >= 0 else None
+                     for L in plan]
         widest = max([plan[0].in_size] + [L.out_size for L in plan])
         self.cot = (np.zeros(rows * widest, dtype), np.zeros(rows * widest, dtype))
         self.scratch = [np.zeros(max(1, int(L.layer.scratch_size(L.in_shape, rows))), dtype)
@@ -133,12 +137,9 @@ def forward(chain, lane, x, p, state, training, seed, need_d, call, nt=1, row=0)
         L.layer.forward(ctx, h, y, p[L.poff:L.poff + L.n_params],
                         state[L.soff:L.soff + L.n_state], lane.scratch[l])
         if L.act >= 0:
-            if L.consts is not None:
-                activate_row_c(L.act, L.consts[0], L.consts[1], lane.out[l], 0,
-                               lane.rows * L.out_size, n * L.out_size, need_d)
-            else:
-                fn = activate_row if L.custom is None else L.custom
-                fn(L.act, lane.out[l], 0, lane.rows * L.out_size, n * L.out_size, need_d)
+            addr, c0, c1 = lane.acts[l]
+            run_row(addr, lane.out[l], 0, lane.rows * L.out_size, n * L.out_size, c0, c1,
+                    need_d)
         h = y
     return h
 
@@ -162,13 +163,6 @@ def backward(chain, lane, x, p, state, pbar, training, seed, call, want_x, nt=1,
                          xbar, lane.scratch[l])
         a, b = b, a
     return a[:n * chain._plan[0].in_size].reshape((n, *chain.in_shape)) if want_x else None
-
-
-def custom_activation(name):
-    """The compiled dispatcher that runs a registered (custom) activation, or None."""
-    if registry.is_builtin(name):
-        return None
-    return registry.kernels_for([name])["_activate"]
 
 
 def threads_now(ws):

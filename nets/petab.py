@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from . import registry
-from .activations import activate_row_c
+from .activations import run_row
 from .layers import Context, Dense
 from .softmax import around, softmax_forward, softmax_pullback
 
@@ -600,11 +600,11 @@ class Network:
     def _run(self, nd, k, x, vals, p, tape_on, training, seed):
         """(value, what the pullback needs) of one node."""
         if nd.op == "activation":
-            _, code, c0, c1 = nd.info
+            addr, c0, c1 = registry.row(nd.info[0], p.dtype)
             n = x.size
             buf = np.empty(2 * n if tape_on else n, dtype=p.dtype)
             buf[:n] = x.ravel()
-            activate_row_c(code, c0, c1, buf, 0, n, n, tape_on)
+            run_row(addr, buf, 0, n, n, c0, c1, tape_on)
             return buf[:n].reshape(x.shape), (buf[n:].reshape(x.shape) if tape_on else None)
         if nd.op == "cat":
             dim = nd.info

@@ -1,29 +1,34 @@
 """The activation registry: builtin names plus user-registered scalar pairs.
 
-Builtin activations run in the disk-cached kernels. Registering a custom
-activation builds one extra kernel set that dispatches to the user's numba
-functions; it is compiled in the process that uses it (numba cannot cache a
-kernel keyed on a user's function), so its first call takes a few seconds.
+Compiled code applies an activation through its row kernel's address (`row`;
+`nets.activations.row_address`). A builtin's row kernel is cached on disk; a
+registered activation's is built around the user's numba functions in the
+process that uses it (numba cannot cache a function keyed on a user's function),
+a small compile: the kernels that call it are the same disk-cached ones.
 
 Builtins with constants (PyTorch's keyword arguments: ``leaky_relu``'s
 ``negative_slope``, ``elu``'s and ``celu``'s ``alpha``, ``hardtanh``'s ``min_val``
 and ``max_val``) are named with them, ``"elu(alpha=2.0)"`` (`spec` writes the
-canonical name); the bare name means PyTorch's defaults. They run in the same
-disk-cached kernels, which take the constants as data (`resolve`,
-`nets.activations.activate_row_c`).
+canonical name); the bare name means PyTorch's defaults. They share one row
+kernel, which takes the constants as data (`resolve`).
 """
 
 import math
 import re
+import threading
 
 import numba
+import numpy as np
 
-from ._config import quiet
-from .activations import BUILTIN, BY_NAME, CODES, Formula, activate_row
+from .activations import BUILTIN, BY_NAME, CODES, Formula, compile_row, row_address
 
 _custom = {}  # name -> (code, value_fn, deriv_fn, second_fn or None)
-_kernels = {}  # frozenset of custom names -> recompiled kernel namespace
 _addresses = {}  # (name, k) -> (cfunc, address): C-callable versions, compiled once
+_rows = {}  # (name, dtype) -> row kernel of a registered activation (a numba cfunc)
+# Row kernels of activations registered again: compiled code may still hold their
+# addresses, so they are kept alive.
+_retired = []
+_rows_lock = threading.Lock()
 
 
 def names():
@@ -138,7 +143,8 @@ def spec(name, **constants):
 
 
 def resolve(name):
-    """``(code, c0, c1)``: what the kernels run for activation `name` (`activate_row_c`)."""
+    """``(code, c0, c1)``: activation `name`'s code and constants (zeros where it takes
+    none)."""
     parsed = parse(name)
     if parsed is not None:
         act, consts = parsed
@@ -234,7 +240,9 @@ def register_activation(name, value, derivative, second=None):
     prev = _custom.get(name)
     c = prev[0] if prev else len(BUILTIN) + len(_custom)
     _custom[name] = (c, fns[0], fns[1], fns[2])
-    _kernels.clear()
+    with _rows_lock:
+        for key in [key for key in _rows if key[0] == name]:
+            _retired.append(_rows.pop(key))
     for k in range(3):
         _addresses.pop((name, k), None)
 
@@ -268,37 +276,34 @@ def activation_address(name, k):
     return _addresses[key][1]
 
 
-def kernels_for(activation_names):
-    """The kernel namespace that can run these activations."""
-    from . import kernels
+def row(name, dtype):
+    """``(address, c0, c1)``: how compiled code applies activation `name` to a row of
+    `dtype` (float32 or float64): its row kernel's address and constants
+    (`nets.activations.call_row`). The row kernel is compiled or loaded on first use."""
+    parsed = parse(name)
+    if parsed is not None:
+        code_, c0, c1 = resolve(name)
+        return row_address(code_, dtype), c0, c1
+    if name not in _custom:
+        raise _unknown(name)
+    key = (name, np.dtype(dtype))
+    with _rows_lock:
+        if key not in _rows:
+            _rows[key] = compile_row(_custom_row(*_custom[name][1:3]), dtype, cache=False)
+        return _rows[key].address, 0.0, 0.0
 
-    # Builtins with or without constants are in the table; only registered names are not.
-    custom = frozenset(n for n in activation_names if parse(n) is None)
-    if not custom:
-        return vars(kernels)
-    if custom not in _kernels:
-        _kernels[custom] = kernels.with_activation(_make_dispatch(custom))
-    return _kernels[custom]
 
+def _custom_row(f, df):
+    """A row kernel (`nets.activations.row_signature`) of the value `f` and derivative
+    `df` of a registered activation."""
 
-def _make_dispatch(custom):
-    """An `activate_row` that also runs the custom activations ``custom`` (names)."""
-    entries = tuple(_custom[name][:3] for name in sorted(custom))  # (code, value, derivative)
-    n_builtin = len(BUILTIN)
+    def row(zp, dp, n, c0, c1, need_d):
+        z = numba.carray(zp, n)
+        d = numba.carray(dp, n)
+        for j in range(n):
+            v = z[j]
+            if need_d:
+                d[j] = df(v)
+            z[j] = f(v)
 
-    @quiet
-    @numba.njit
-    def activate(code, buf, zo, do, n, need_d):
-        if code < n_builtin:
-            activate_row(code, buf, zo, do, n, need_d)
-            return
-        for entry in numba.literal_unroll(entries):
-            if code == entry[0]:
-                f, df = entry[1], entry[2]
-                for j in range(n):
-                    z = buf[zo + j]
-                    if need_d:
-                        buf[do + j] = df(z)
-                    buf[zo + j] = f(z)
-
-    return activate
+    return row

@@ -30,7 +30,7 @@ class _Buffers:
     """Per-thread workspaces and gradient buffers for one (chain, dtype, batch, threads)."""
 
     def __init__(self, chain, dtype, nt):
-        size = int(chain._kernels["chunk_size"](chain.meta))
+        size = int(chain._kernels["chunk_size"](chain._meta(dtype)))
         self.BUF = np.zeros((nt, size), dtype=dtype)
         # One extra column (n_params) carries each thread's loss. Rows padded apart so
         # two threads never write one cache line; the kernels get the whole padded array
@@ -63,8 +63,15 @@ def _prepare(chain, p, X, Y, loss, state):
     if not chain.fused:
         # The per-layer path reads samples batch-first: rows of (N, n_in).
         return loss, X.reshape(X.shape[0], -1), np.ascontiguousarray(T), state
-    # The kernels read samples feature-major: transpose once, not per step.
-    return loss, np.ascontiguousarray(X.T), np.ascontiguousarray(T.T), state
+    # The kernels read samples feature-major: transpose once, not per step. Their rows
+    # kernel takes writeable arrays only (a transpose of one feature may be a read-only
+    # view of the caller's array).
+    return loss, _writeable(np.ascontiguousarray(X.T)), _writeable(np.ascontiguousarray(T.T)), \
+        state
+
+
+def _writeable(a):
+    return a if a.flags.writeable else a.copy()
 
 
 def _scale(loss, n, n_out):
@@ -102,12 +109,15 @@ def loss_and_grad(chain, p, X, Y, loss=SquaredLoss(), threads=None, *, state=Non
         with Threads(threads):
             return layerwise.loss_and_grad(chain, p, XT, TT, loss, st, seed, training)
     k = chain._kernels
+    meta = chain._meta(p.dtype)
+    p = _writeable(p)
     n = XT.shape[1]
     with Threads(threads) as nt:
         buf = _Buffers(chain, p.dtype, nt)
-        val = k["loss_grad"](chain.meta, p, XT, TT, _NO_ROWS, False, 0, n, loss.code,
-                             _scale(loss, n, chain.n_out), buf.g, buf.G, buf.BUF, nt, True)
-    val += k["penalty"](chain.meta, p, buf.g, loss.l1, loss.l2)
+        val = k["loss_grad"](k["rows_kernel"](p.dtype), meta, p, XT, TT, _NO_ROWS, False, 0,
+                             n, loss.code, _scale(loss, n, chain.n_out), buf.g, buf.G, buf.BUF,
+                             nt, True)
+    val += k["penalty"](meta, p, buf.g, loss.l1, loss.l2)
     return float(val), buf.g
 
 
@@ -180,12 +190,14 @@ def train(chain, p, X, Y, loss=SquaredLoss(), optimizer=None, iters=None, epochs
                                 seed, threads, progress, callback, st)
 
     k = chain._kernels
+    meta = chain._meta(p.dtype)
+    rows_fn = k["rows_kernel"](p.dtype)
     hyper = optimizer.hyper()
     bar = _bar(progress, epochs if epochs is not None else iters)
 
     def run(rows, bs, nsteps, hist, buf):
         optimizer.step = k["train_steps"](
-            chain.meta, p, (XT, TT, rows, rows.shape[0] > 0), bs, nsteps,
+            rows_fn, meta, p, (XT, TT, rows, rows.shape[0] > 0), bs, nsteps,
             (loss.code, loss.mean, loss.l1, loss.l2),
             (optimizer.code, hyper, optimizer.m, optimizer.v), optimizer.step,
             hist, buf.g, buf.G, buf.BUF, buf.nt)

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 
+from nets import Chain, Dense, loss_and_grad
 from nets import activations as A
 from nets import registry as R
 
@@ -73,6 +74,27 @@ def test_tanhshrink_has_no_cancellation_near_zero():
     # (float32 runs the same float64 code: tests/nets/test_forward.py's extremes check it)
     v, _ = kernel("tanhshrink", z)
     np.testing.assert_allclose(v, exact, rtol=1e-13)
+
+
+def test_a_chain_makes_the_row_kernels_of_its_activations_only(monkeypatch):
+    # Kernels apply an activation through the address of its row kernel, made on first use
+    # for one activation and one dtype: a chain compiles (or loads from the disk cache) the
+    # row kernels of its own activations, in the dtype it runs in, and no others.
+    monkeypatch.setattr(A, "_rows", {})
+    chain = Chain(3, Dense(5, "softsign"), Dense(2))
+    p = chain.init_params(seed=0, dtype=np.float32)
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)
+    chain(x, p)
+    loss_and_grad(chain, p, x, np.zeros((4, 2)))
+    f32 = np.dtype(np.float32)
+    assert set(A._rows) == {(A.CODES["softsign"], f32), (A.CODES["identity"], f32)}
+
+
+def test_rows_outside_the_buffer_are_refused():
+    with pytest.raises(ValueError, match="do not fit"):
+        A.activate_row(A.CODES["tanh"], np.zeros(4), 0, 2, 3, True)
+    with pytest.raises(ValueError, match="C-contiguous float32 or float64"):
+        A.activate_row(A.CODES["tanh"], np.zeros(8)[::2], 0, 2, 2, True)
 
 
 class NumpyMath:

@@ -51,11 +51,17 @@ def test_fresh_process_loads_kernels_from_disk_cache():
     exec(compile(CACHE_WORK, "<cache-work>", "exec"), {})
     stats = run_python(CACHE_WORK + """
 import json
-from nets import kernels
-names = ["chunk_size", "forward", "loss_grad", "penalty"]
-print(json.dumps({n: [sum(getattr(kernels, n).stats.cache_hits.values()),
-                      sum(getattr(kernels, n).stats.cache_misses.values())] for n in names}))
+from nets import activations, kernels
+names = ["forward", "loss_grad", "penalty"]
+stats = {n: [sum(getattr(kernels, n).stats.cache_hits.values()),
+             sum(getattr(kernels, n).stats.cache_misses.values())] for n in names}
+# the C functions (row kernels, the rows kernel): compiled or loaded once, when made
+cfuncs = {**{f"row {code} {dtype}": f for (code, dtype), f in activations._rows.items()},
+          **{f"rows_kernel {dtype}": f for dtype, f in kernels._rows_kernels.items()}}
+stats.update({n: [f.cache_hits, 1 - f.cache_hits] for n, f in cfuncs.items()})
+print(json.dumps(stats))
 """)
+    assert len(stats) == 6  # tanh's and identity's row kernels, the rows kernel
     for name, (hits, misses) in stats.items():
         assert misses == 0, f"{name} was compiled, not loaded from the cache: {stats}"
         assert hits >= 1, f"{name} was not loaded from the cache: {stats}"
