@@ -53,6 +53,21 @@ def dense_init(sizes: Sequence[int], seed: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def dense_forward(p, sizes: Sequence[int], h, act, xp=np):
+    """A Dense chain of these `sizes` on ``h`` (batch, in) with the flat parameters ``p`` in
+    nets' layout (per layer W (out, in) row-major, then b): ``act`` after every layer but
+    the last. ``xp`` is numpy or jax.numpy, for the peers' right-hand sides."""
+    k = 0
+    last = len(sizes) - 2
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        W = xp.reshape(p[k:k + fan_in * fan_out], (fan_out, fan_in))
+        k += fan_in * fan_out
+        h = h @ W.T + p[k:k + fan_out]
+        k += fan_out
+        if i < last:
+            h = act(h)
+    return h
+
 
 def make_parser(description: str) -> argparse.ArgumentParser:
     """Return an argument parser with the options every benchmark shares.

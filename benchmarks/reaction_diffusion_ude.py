@@ -87,26 +87,9 @@ def laplacian(u, xp=np):
     return up[:-2] - 2 * u + up[2:]
 
 
-def layers(p, xp=np):
-    """[(W (out, in), b (out,)), ...] views of a flat network vector in nets' layout."""
-    out, k = [], 0
-    for fan_in, fan_out in zip(SIZES[:-1], SIZES[1:]):
-        W = xp.reshape(p[k:k + fan_in * fan_out], (fan_out, fan_in))
-        k += fan_in * fan_out
-        out.append((W, p[k:k + fan_out]))
-        k += fan_out
-    return out
-
-
 def net(p, u, xp=np):
     """R(u) cell by cell: u (N,) -> (N,); tanh hidden layers, linear output."""
-    h = u[:, None]
-    ls = layers(p, xp)
-    for i, (W, b) in enumerate(ls):
-        h = h @ W.T + b
-        if i < len(ls) - 1:
-            h = xp.tanh(h)
-    return h[:, 0]
+    return H.dense_forward(p, SIZES, u[:, None], xp.tanh, xp)[:, 0]
 
 
 def true_rhs(t, u):

@@ -107,26 +107,9 @@ def initial_params(seed: int = INIT_SEED) -> np.ndarray:
     return H.dense_init(SIZES, seed)
 
 
-def layers(p, xp=np):
-    """[(W (out, in), b (out,)), ...] views of the flat vector in nets' layout."""
-    out, k = [], 0
-    for fan_in, fan_out in zip(SIZES[:-1], SIZES[1:]):
-        W = xp.reshape(p[k:k + fan_in * fan_out], (fan_out, fan_in))
-        k += fan_in * fan_out
-        out.append((W, p[k:k + fan_out]))
-        k += fan_out
-    return out
-
-
 def mlp(p, x, xp=np):
     """U(x) for one state (2,) or a batch (N, 2); rbf hidden layers, linear output."""
-    h = x
-    ls = layers(p, xp)
-    for i, (W, b) in enumerate(ls):
-        h = h @ W.T + b
-        if i < len(ls) - 1:
-            h = xp.exp(-h * h)
-    return h
+    return H.dense_forward(p, SIZES, x, lambda h: xp.exp(-h * h), xp)
 
 
 def ude_rhs(p):
