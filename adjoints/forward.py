@@ -28,7 +28,9 @@ class ForwardSensitivity(SensitivityAlgorithm):
     With `Rodas5` the augmented system [u, S] is solved with its exact Jacobian
     (block lower triangular: one factorisation of ``I/(h gamma) - J`` serves u and
     every column of S; the coupling d(J S)/du comes from the model's ``hvp``
-    kernel), the natural choice for a stiff PK/PD model with few parameters.
+    kernel), the natural choice for a stiff PK/PD model with few parameters. With
+    `BDF` the Newton matrix is block diagonal, as CVODES' simultaneous corrector's (no
+    coupling, no ``hvp``: a Newton matrix needs no exact Jacobian).
 
     Parameters
     ----------
@@ -52,7 +54,9 @@ class ForwardSensitivity(SensitivityAlgorithm):
         self.params = None if params is None else np.array(params, dtype=np.int64).ravel()
 
     def needs(self, solver):
-        return ("jac", "paramjac", "hvp") if solver.stiff else ("jac", "paramjac")
+        # hvp: S's coupling to u in the exact Jacobian a Rosenbrock step needs (`Sens`)
+        return ("jac", "paramjac", "hvp") if solver.stiff and not solver.newton else \
+            ("jac", "paramjac")
 
     def forward(self, job):
         return self.prepare(job, self.params)(job.p)
@@ -85,7 +89,7 @@ class ForwardSensitivity(SensitivityAlgorithm):
         width = max(n, n_all) + 1
         sys = Sens(fsys.m, fsys, np.zeros((n, n)), np.zeros((n, n_all)), np.zeros((n, npar)),
                    np.zeros((4, width)), np.zeros(n_all), lin(n) if job.stiff else fsys.lin,
-                   np.zeros(3), cols)
+                   np.zeros(3), cols, not job.solver.newton)
         rtol, atol = self._tols(job, nz if self.error_on_sensitivities else n)
         atol = atol.copy()
         atol[:n] = job.atol if self.atol is None else self.atol

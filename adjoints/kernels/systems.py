@@ -134,7 +134,9 @@ class Sens(NamedTuple):
     fsys : the forward system (its rate and boluses act on u); J, Jp : (n, n),
     (n, n_params) scratch; S0 : (n, k) S at a Rosenbrock step's start;
     rows : (4, max(n, n_params)) scratch; pscr : (n_params,) scratch; lin :
-    Rosenbrock buffers; at : (3,); cols : (k,) int64, the parameters followed.
+    Rosenbrock buffers; at : (3,); cols : (k,) int64, the parameters followed;
+    coupled : the linear solves include S's coupling to u, d(J S + df/dp)/du (the exact
+    Jacobian a Rosenbrock step needs; False: block diagonal, enough for a Newton matrix).
     """
 
     m: BoundModel
@@ -147,6 +149,7 @@ class Sens(NamedTuple):
     lin: object
     at: np.ndarray
     cols: np.ndarray
+    coupled: bool
 
 
 # ---------------------------------------------------------------- shared pieces
@@ -507,11 +510,31 @@ def _sens_factor(sys, ihg):
 def _sens_solve(sys, r):
     # [[ihg I - J, 0], [-M, I (x) (ihg I - J)]] x = r with M x_u = d(J S + df/dp)/du x_u:
     # row i of M x_u is hvp(e_i, x_u): its u part dotted with S's columns plus its p part.
+    # Without `coupled`, M = 0 (CVODES' simultaneous corrector): a Newton iteration whose
+    # u part has converged has the exact S block, and S's equations are linear, so the
+    # iteration converges as fast, without the n products per solve.
     n = sys.J.shape[0]
     S0 = sys.S0
     npar = S0.shape[1]
     xu = r[:n]
     lin_solve(sys.lin, xu)
+    if sys.coupled:
+        _sens_coupling(sys, r, xu)
+    col = sys.rows[3][:n]
+    for j in range(npar):
+        for i in range(n):
+            col[i] = r[n + i * npar + j]
+        lin_solve(sys.lin, col)
+        for i in range(n):
+            r[n + i * npar + j] = col[i]
+
+
+@jit(inline="always")
+def _sens_coupling(sys, r, xu):
+    """``r[n:] += M xu`` (`_sens_solve`), S at the Jacobian's time."""
+    n = sys.J.shape[0]
+    S0 = sys.S0
+    npar = S0.shape[1]
     v = sys.rows[0][:n]
     _copy_into(v, xu, n)
     e = sys.rows[3][:n]
@@ -531,13 +554,6 @@ def _sens_solve(sys, r):
             for l in range(n):
                 acc += hu[l] * S0[l, j]
             r[o + j] += acc
-    col = sys.rows[3][:n]
-    for j in range(npar):
-        for i in range(n):
-            col[i] = r[n + i * npar + j]
-        lin_solve(sys.lin, col)
-        for i in range(n):
-            r[n + i * npar + j] = col[i]
 
 
 def _sens_autonomous(sys):

@@ -93,6 +93,10 @@ class Solver:
         The model kernels the loop calls.
     stiff : bool
         An implicit (Rosenbrock) method: it factors ``I/(h gamma) - J``.
+    newton : bool
+        The Jacobian serves only the matrix of a Newton iteration (BDF): an approximate
+        one slows the iteration's convergence but leaves the method's order alone (a
+        Rosenbrock method's order needs the exact Jacobian).
     """
 
     name = "Solver"
@@ -100,6 +104,7 @@ class Solver:
     adaptive = True
     needs = ("rhs",)
     stiff = False
+    newton = False
     linsolve = "dense"
     # the sensitivity methods that step through the family: True for all, else their names
     sensitivities = True

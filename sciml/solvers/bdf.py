@@ -42,7 +42,8 @@ class BDF(Solver):
     -----
     Gradients through it: `adjoints.InterpolatingAdjoint` and `BacksolveAdjoint`
     (the backward system integrated by BDF too, on the same linear solves) and
-    `ForwardSensitivity` (simultaneous corrector on the augmented system); the
+    `ForwardSensitivity` (simultaneous corrector on the augmented system, its Newton
+    matrix block diagonal as CVODES'); the
     quadrature adjoints and the discrete adjoint ask for `Rodas5`.
 
     References
@@ -58,6 +59,7 @@ class BDF(Solver):
     name = "BDF"
     needs = ("rhs", "jac")
     stiff = True
+    newton = True
     adaptive = True
     safety = 0.9
     # Those whose backward or augmented system is an ODE the BDF loop integrates; the
