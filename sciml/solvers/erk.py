@@ -65,9 +65,10 @@ class ExplicitRK(Solver):
     """
 
     tableau: tableaus.ButcherTableau = None
-    #: `sciml.solve`'s common case compiles an entry point of this method's own with its
-    #: coefficients as constants (faster per solve, one more compile: the default solver
-    #: has it); otherwise it shares the entry point of every tableau
+    #: The fused entry point (`_fuse`, for a model solved `FUSE_AFTER` times) has this
+    #: method's coefficients as constants: faster per solve, for one more compile (the
+    #: default solver has it). A first solve always runs the entry point every tableau
+    #: shares, so it compiles only the loop the other forward solves run too.
     fold_constants = False
 
     def __init__(self, adaptive=None, safety=0.9, qmin=0.2, qmax=10.0, beta2=0.04):
@@ -115,7 +116,7 @@ class ExplicitRK(Solver):
     def _lean(self, model):
         """``(model, entry, n_states, extra, entries, left, head)`` for `sciml.solve`'s
         lean path (cached for the last model): ``entry`` is `kernels.lean`'s entry point
-        (this tableau's own when `fold_constants`, else the one every tableau shares),
+        every tableau shares,
         ``extra`` the length of ``keep`` beyond the save times, ``entries`` its compiled
         functions by the type of atol, ``left`` (a one-item list) the lean solves before
         the fused entry is made (0: never), ``head`` the arguments before the problem's:
@@ -123,7 +124,7 @@ class ExplicitRK(Solver):
         lean = self.__dict__.get("_lean_cache")
         if lean is not None and lean[0] is model:
             return lean
-        entry = _lean.solve_entry(self._folded())
+        entry = _lean.solve_entry()
         model.kernel_table("rhs")
         extra = model.n_states + model.n_params + _lean.KEEP_TAIL
         settings = np.array([self.safety, self.qmin, self.qmax, self.beta1, self.beta2,

@@ -9,13 +9,15 @@ the states (copies of the save times, u0 and the parameters, then t_end and
 the counts), so that the caller allocates two arrays and copies nothing.
 
 One entry point reads the tableau and the controller's settings from its
-arguments and serves every explicit method; the default method's has its
-coefficients folded in as constants (`ButcherTableau.engine(constants=True)`, a
-closure numba freezes and caches on disk keyed by its values): the same step code
-as every other loop, with LLVM folding the coefficients (measured on
-Lotka-Volterra with Tsit5: faster per solve than the same loop reading them from
-arrays, see `ExplicitRK.fold_constants`), for one more compile. The controller's
-settings are arguments in both, so a changed setting compiles nothing.
+arguments and serves every explicit method: it calls the loop every other
+forward solve of the same types runs (`erk.erk_integrate`, compiled once for
+both). The fused entry of a model solved many times (`ExplicitRK._fuse`) may
+also fold a tableau's coefficients in as constants
+(`ButcherTableau.engine(constants=True)`, a closure numba freezes and caches on
+disk keyed by its values): the same step code, with the loop inlined by LLVM so
+that it folds the coefficients (see `ExplicitRK.fold_constants`). The
+controller's settings are arguments in both, so a changed setting compiles
+nothing.
 """
 
 import math
@@ -32,7 +34,10 @@ from .linked import Linked, n_states
 from .structs import S_NACC, S_NFEV, S_NREJ, S_NSAVE, BoundModel, Control, Lin, Record
 from .system import Forward
 
-_integrate = jit(inline="always")(erk_integrate.py_func)  # the constants fold into it
+# The loop of a folded entry: LLVM inlines it there and folds the constants into it
+# (`forceinline`; numba's IR inlining, used before, typed and lowered the whole loop
+# again inside each entry)
+_integrate_inlined = jit(forceinline=True)(erk_integrate.py_func)
 
 
 def bind(kern, p, ws, code):
@@ -78,6 +83,7 @@ def solve_entry(folded=None, code=None):
 
 
 def _make(folded, code):
+    integrate = erk_integrate if folded is None else _integrate_inlined
     n_fixed = n_states(code)  # the state count as a constant (0: read from u0)
 
     @jit
@@ -127,7 +133,7 @@ def _make(folded, code):
                       settings[4], max_steps, dt, adaptive)
         rec = Record(borrow(save_t), borrow(out_u), False, no_f, False, no_f, no2,
                      buf[:0].reshape((0, 0, n)), stats[:0].view(np.int8), no_i, stats)
-        status, t_end = _integrate(sys, pick(folded, tab), ctl, stops, z, rec)
+        status, t_end = integrate(sys, pick(folded, tab), ctl, stops, z, rec)
         for i in range(ns):
             keep[i] = save_t[i]
         for i in range(n):
