@@ -63,6 +63,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_runtest_logfinish(nodeid, location):
+    if "t0" not in _STATE:  # xdist's controller: it reports the workers' tests, runs none
+        return
     listener, out = _STATE["listener"], _STATE["out"]
     ev = listener.events
     out.write(json.dumps({"id": nodeid, "wall": time.perf_counter() - _STATE["t0"],
