@@ -52,17 +52,6 @@ def _ov_bind(kern, p, ws, code):
     return lambda kern, p, ws, code: Linked(kern, p, ws, code)
 
 
-def pick(folded, tab):
-    """The folded tableau when there is one, else the one passed."""
-    raise NotImplementedError("compiled loops only")
-
-
-@overload(pick, jit_options=OPTIONS, inline="always")
-def _ov_pick(folded, tab):
-    if folded is types.none:
-        return lambda folded, tab: tab
-    return lambda folded, tab: folded
-
 # The tail of ``keep``: t_end, nfev, n_accepted, n_rejected, n_saved.
 KEEP_TAIL = 5
 
@@ -83,7 +72,8 @@ def solve_entry(folded=None, code=None):
 
 
 def _make(folded, code):
-    integrate = erk_integrate if folded is None else _integrate_inlined
+    fold = folded is not None  # a constant numba prunes the other branch with (globals
+    # only are called: a dispatcher in the closure would change the disk cache's key)
     n_fixed = n_states(code)  # the state count as a constant (0: read from u0)
 
     @jit
@@ -133,7 +123,10 @@ def _make(folded, code):
                       settings[4], max_steps, dt, adaptive)
         rec = Record(borrow(save_t), borrow(out_u), False, no_f, False, no_f, no2,
                      buf[:0].reshape((0, 0, n)), stats[:0].view(np.int8), no_i, stats)
-        status, t_end = integrate(sys, pick(folded, tab), ctl, stops, z, rec)
+        if fold:
+            status, t_end = _integrate_inlined(sys, folded, ctl, stops, z, rec)
+        else:
+            status, t_end = erk_integrate(sys, tab, ctl, stops, z, rec)
         for i in range(ns):
             keep[i] = save_t[i]
         for i in range(n):
