@@ -416,7 +416,7 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
     return total, step
 
 
-@jit
+@jit(inline="always")  # a function of its own would optimise all of train_step once more
 def _lane_step(net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
     table, consts, geos, ctaps, ptaps = net
     outs, scratch, cot_a, cot_b, x0, t0, G, cap, bridge, _ = bufs

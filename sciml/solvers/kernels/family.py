@@ -12,12 +12,20 @@ their own backward steps, has no BDF version):
 - ``step_interp(tab, out, theta, h, z, znew, K, w)``: a step's interpolant at
   ``theta`` from its start ``z``, end ``znew`` and stages ``K`` (``w``: scratch
   of ``max(nz, s + nh)``);
-- ``integrate(sys, tab, ctl, stops, z, rec)``: the family's loop;
-  `integrate_stored` runs it with per-step storage that grows until it suffices.
+- ``integrate(sys, tab, ctl, stops, z, rec)``: the family's loop, called where
+  it is written (an intrinsic: no function of its own between a caller and the
+  loop); `integrate_stored` runs it with per-step storage that grows until it
+  suffices (inlined into its callers for the same reason).
+
+numba links every compiled callee into its caller's module and optimises it
+there again, so each function between an entry point and a loop costs another
+optimisation of the whole loop: the helpers here and the wrappers of
+`adjoints.kernels.backward` add none.
 """
 
 import numpy as np
-from numba.extending import overload
+from numba import types
+from numba.extending import intrinsic, overload
 
 from sciml._jit import OPTIONS, jit
 
@@ -79,22 +87,28 @@ def _ov_step_interp(tab, out, theta, h, z, znew, K, w):
         return impl
 
 
-def integrate(sys, tab, ctl, stops, z, rec):
-    raise NotImplementedError("runs only inside compiled loops")
-
-
 def store_rows(tab):
     raise NotImplementedError("runs only inside compiled loops")
 
 
-@overload(integrate, jit_options=OPTIONS, inline="always")
-def _ov_integrate(sys, tab, ctl, stops, z, rec):
-    if _family(tab) is ERKTableau:
-        return lambda sys, tab, ctl, stops, z, rec: erk_integrate(sys, tab, ctl, stops, z, rec)
-    if _family(tab) is RosTableau:
-        return lambda sys, tab, ctl, stops, z, rec: ros_integrate(sys, tab, ctl, stops, z, rec)
-    if _family(tab) is BDFTableau:
-        return lambda sys, tab, ctl, stops, z, rec: bdf_integrate(sys, tab, ctl, stops, z, rec)
+_LOOPS = {ERKTableau: erk_integrate, RosTableau: ros_integrate, BDFTableau: bdf_integrate}
+
+
+@intrinsic
+def integrate(typingctx, sys, tab, ctl, stops, z, rec):
+    # A call to the family's compiled loop, emitted in the caller. An overload would do
+    # the same with a function of its own, which numba compiles in full (its impl is
+    # checked by compiling it), re-optimising the loop it links: 3-7 s a system type.
+    loop = _LOOPS.get(_family(tab))
+    if loop is None:
+        return None
+    fnty = types.Dispatcher(loop)
+    sig = fnty.get_call_type(typingctx, (sys, tab, ctl, stops, z, rec), {})
+
+    def codegen(context, builder, signature, args):
+        return context.get_function(fnty, sig)(builder, args)
+
+    return sig, codegen
 
 
 @overload(store_rows, jit_options=OPTIONS, inline="always")
@@ -107,7 +121,7 @@ def _ov_store_rows(tab):
         return lambda tab: MAX_ORDER + 1
 
 
-@jit
+@jit(inline="always")
 def integrate_stored(sys, tab, ctl, stops, z0, save_t, cap):
     """Integrate from ``z0`` saving at ``save_t`` and storing every step (capacity ``cap``,
     quadrupled and the solve rerun while it is not enough).
