@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -qq --upgrade pip
 
 # -qq: errors only; at -q setuptools' editable build prints an informational
 # "Editable installation" notice on every install
