@@ -309,10 +309,10 @@ def run_model(name, folder, quick, roadrunner=None, amici_here=None):
             row[f"{key}_error"] = f"{type(e).__name__}: {e}"
         finally:
             pp.sensealg, pp.solver = default, solver
-    # the gradient check away from the nominal values, within the bounds
-    # A random point may lie where the model cannot be solved (Crauste_CellSystems2017 at
-    # the first one: a step size underflow at t = 8.1); the next seed's point is checked
-    # then, and the row says which and why.
+    # The gradient check away from the nominal values, within the bounds. A random point
+    # may lie where the model cannot be solved (Crauste_CellSystems2017 at the first one:
+    # a step size underflow at t = 8.1); the next seed's point is checked then, and the
+    # row says which and why.
     lb, ub = pp.lower_bounds, pp.upper_bounds
     skipped = []
     for seed in CHECK_SEEDS:
@@ -327,7 +327,7 @@ def run_model(name, folder, quick, roadrunner=None, amici_here=None):
         skipped.append(f"check point {seed}: the gradient is not finite: " + "; ".join(
             str(m.message) for m in caught if issubclass(m.category, sciml.SolveWarning)))
     if skipped:
-        row["grad_fd_note"] = "; ".join(skipped + [row.get("grad_fd_note", "")]).rstrip("; ")
+        row["grad_fd_note"] = "; ".join(filter(None, [*skipped, row.get("grad_fd_note")]))
     return row
 
 

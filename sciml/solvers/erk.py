@@ -115,12 +115,11 @@ class ExplicitRK(Solver):
 
     def _lean(self, model):
         """``(model, entry, n_states, extra, entries, left, head)`` for `sciml.solve`'s
-        lean path (cached for the last model): ``entry`` is `kernels.lean`'s entry point
-        every tableau shares,
-        ``extra`` the length of ``keep`` beyond the save times, ``entries`` its compiled
-        functions by the type of atol, ``left`` (a one-item list) the lean solves before
-        the fused entry is made (0: never), ``head`` the arguments before the problem's:
-        the tableau and the controller's settings."""
+        lean path (cached for the last model): ``entry`` is the `kernels.lean` entry point
+        every tableau shares, ``extra`` the length of ``keep`` beyond the save times,
+        ``entries`` its compiled functions by the type of atol, ``left`` (a one-item list)
+        the lean solves before the fused entry is made (0: never), ``head`` the arguments
+        before the problem's: the tableau and the controller's settings."""
         lean = self.__dict__.get("_lean_cache")
         if lean is not None and lean[0] is model:
             return lean

@@ -72,8 +72,9 @@ def solve_entry(folded=None, code=None):
 
 
 def _make(folded, code):
-    fold = folded is not None  # a constant numba prunes the other branch with (globals
-    # only are called: a dispatcher in the closure would change the disk cache's key)
+    # A constant, so numba prunes the branch not taken. The branches call module globals:
+    # a dispatcher held in the closure would change the disk cache's key in every process.
+    fold = folded is not None
     n_fixed = n_states(code)  # the state count as a constant (0: read from u0)
 
     @jit
