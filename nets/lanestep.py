@@ -7,7 +7,8 @@ them. When every layer of a chain describes its kernels as data (`Layer.compiled
 forward, loss and pullback of one lane's block in a single nogil call: one compiled
 function for every such chain, with the chain as its data. `train_epoch` runs a whole
 epoch of minibatches in one call, the lanes of a step in a parallel loop, then the lane
-sum and the optimizer's update.
+sum and the optimizer's update; both call `train_step` by its address
+(`nets._address`), so that neither compiles it again.
 
 Layouts. The leading run of direct convolutions and max poolings (LeNet's first four
 layers) runs feature-major, samples innermost (`nets.conv.conv_forward_fm`,
@@ -31,6 +32,7 @@ import numpy as np
 from numba import prange
 from numba.typed import List
 
+from ._address import address_of, call_at
 from ._config import jit, pjit
 from .activations import CODES, call_row
 from .conv import (
@@ -148,10 +150,11 @@ class Lanes:
     def epoch(self, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g):
         """`train_epoch` over the samples in `rows` order; the optimizer's step count
         advanced. Returns the epoch's loss."""
+        step_at = _step_address(self.net, self.bufs, X2, T, rows, p, loss.code)
         total, optimizer.step = train_epoch(
             self.net, self.bufs, X2, T, rows, batch, nt, (loss.code, loss.mean, loss.l1, loss.l2),
             (optimizer.code, optimizer.hyper(), optimizer.m, optimizer.v), ranges, p, g,
-            optimizer.step)
+            optimizer.step, step_at)
         return total
 
 
@@ -375,12 +378,14 @@ def transpose(src, r, c, dst):
 
 
 @jit
-def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g, step):
+def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g, step,
+                step_at):
     """Minibatches of `batch` samples in `rows` order, each a step of the optimizer: the
     batch cut into contiguous blocks, one per lane, run in parallel (`train_step`), the
     lanes' gradients added in lane order, then the penalty and the update, all in one
     call. ``loss = (code, mean, l1, l2)``, ``optimizer = (code, hyper, m, v)`` as
-    `nets.kernels.optimizer_step` takes them. Returns (the epoch's loss, the step count).
+    `nets.kernels.optimizer_step` takes them; ``step_at``: `train_step`'s address
+    (`_step_address`). Returns (the epoch's loss, the step count).
 
     Between steps numba's pool threads wait spinning: handing each step to a Python
     thread pool and collecting it cost LeNet5 a large share of a step."""
@@ -401,9 +406,10 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
         per = max(-(-nb // k), -(-nb // lanes))
         nblk = -(-nb // per)
         if nblk == 1:
-            vals[0] = _lane_step(net, bufs, 0, X2, T, rows, lo, hi, p, code, scale)
+            vals[0] = _lane_step(step_at, net, bufs, 0, X2, T, rows, lo, hi, p, code, scale)
         else:
-            _lane_steps(net, bufs, X2, T, rows, lo, hi, per, nblk, p, code, scale, vals)
+            _lane_steps(step_at, net, bufs, X2, T, rows, lo, hi, per, nblk, p, code, scale,
+                        vals)
         val = 0.0
         for t in range(nblk):
             val += vals[t]
@@ -416,20 +422,36 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
     return total, step
 
 
-@jit(inline="always")  # a function of its own would optimise all of train_step once more
-def _lane_step(net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
+@jit(inline="always")
+def _lane_args(net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
+    """`train_step`'s arguments for lane ``t``: one function, so that the address taken
+    (`_step_address`) and the calls made (`_lane_step`) see the same types."""
     table, consts, geos, ctaps, ptaps = net
     outs, scratch, cot_a, cot_b, x0, t0, G, cap, bridge, _ = bufs
-    return train_step(table, consts, geos, ctaps, ptaps, outs[t], scratch[t], cot_a[t],
-                      cot_b[t], bridge[t], cap, X2, T, rows, lo, hi, x0[t], t0[t], p,
-                      G[t, :p.shape[0]], code, scale)
+    return (table, consts, geos, ctaps, ptaps, outs[t], scratch[t], cot_a[t], cot_b[t],
+            bridge[t], cap, X2, T, rows, lo, hi, x0[t], t0[t], p, G[t, :p.shape[0]], code,
+            scale)
+
+
+@jit(cache=False)  # an address holds in this process only
+def _step_address(net, bufs, X2, T, rows, p, code):
+    return address_of(train_step, _lane_args(net, bufs, 0, X2, T, rows, 0, 0, p, code, 1.0))
+
+
+# `train_step` is called by its address: linked, it would be optimised again in each
+# caller (the parallel loop's body, `_lane_steps`, `train_epoch`), see `nets._address`.
+@jit(inline="always")
+def _lane_step(step_at, net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
+    return call_at(step_at, train_step, _lane_args(net, bufs, t, X2, T, rows, lo, hi, p, code,
+                                                   scale))
 
 
 @pjit
-def _lane_steps(net, bufs, X2, T, rows, lo, hi, per, nblk, p, code, scale, vals):
+def _lane_steps(step_at, net, bufs, X2, T, rows, lo, hi, per, nblk, p, code, scale, vals):
     # Only the prange lives here (see `nets.kernels._loss_grad_blocks`). prange(0, n), not
     # prange(n): the latter's index is unsigned, and indexing the typed lists with it
     # warns of an unsafe cast to int64 on every cold compile.
     for t in prange(0, nblk):
         a = lo + t * per
-        vals[t] = _lane_step(net, bufs, t, X2, T, rows, a, min(a + per, hi), p, code, scale)
+        vals[t] = _lane_step(step_at, net, bufs, t, X2, T, rows, a, min(a + per, hi), p, code,
+                             scale)

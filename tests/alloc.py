@@ -3,7 +3,9 @@
 Calling a jitted function from Python allocates one NRT MemInfo per ndarray
 argument while unboxing it (freed on return), so a kernel is measured from
 inside a jitted loop (`repeat`), where its arguments are unboxed once: the
-count for 1 + n calls minus the count for one call is the kernel's own.
+count for 1 + n calls minus the count for one call is the kernel's own. The
+loop calls the kernel by its address (`nets._address`): linked, every kernel
+would be compiled again inside it.
 Tests that count need the `nrt_stats` fixture (tests/conftest.py).
 """
 
@@ -15,13 +17,25 @@ import pytest
 from numba.core.errors import NumbaExperimentalFeatureWarning
 from numba.core.runtime import rtsys
 
+from nets._address import address_of, call_at
+
 needs_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
 
 
 @numba.njit
-def repeat(f, n, args):
+def _address(f, args):
+    return address_of(f, args)
+
+
+@numba.njit
+def _repeat_at(at, f, n, args):
     for _ in range(n):
-        f(*args)
+        call_at(at, f, args)
+
+
+def repeat(f, n, args, at=None):
+    """``f(*args)`` ``n`` times in a compiled loop (``at``: ``f``'s address, if taken)."""
+    _repeat_at(_address(f, args) if at is None else at, f, n, args)
 
 
 def allocs():
@@ -53,11 +67,12 @@ def allocations_in(kernel, args, n=20):
         # function to numba, which warns whenever it types a tuple holding one.
         warnings.filterwarnings("ignore", message=".*First-class function type",
                                 category=NumbaExperimentalFeatureWarning)
-        repeat(kernel, 1, args)  # compile
+        at = _address(kernel, args)  # compiles the kernel
+        repeat(kernel, 1, args, at)  # compiles the loop
         a0 = allocs()
-        repeat(kernel, 1, args)
+        repeat(kernel, 1, args, at)
         a1 = allocs()
-        repeat(kernel, 1 + n, args)
+        repeat(kernel, 1 + n, args, at)
         a2 = allocs()
     unboxing = n_arrays(args)
     return (a1 - a0) - unboxing, ((a2 - a1) - (a1 - a0)) / n
