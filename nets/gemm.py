@@ -96,10 +96,14 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
         c2 = _row(C, m + 2)
         c3 = _row(C, m + 3)
         for k in range(0, K4, 4):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
-            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
-            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
-            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
+            o1 = base + _tap(offs, k + 1) * step
+            b1 = src[o1:o1 + J]
+            o2 = base + _tap(offs, k + 2) * step
+            b2 = src[o2:o2 + J]
+            o3 = base + _tap(offs, k + 3) * step
+            b3 = src[o3:o3 + J]
             a00, a01, a02, a03 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
             a10, a11, a12, a13 = A[m + 1, k], A[m + 1, k + 1], A[m + 1, k + 2], A[m + 1, k + 3]
             a20, a21, a22, a23 = A[m + 2, k], A[m + 2, k + 1], A[m + 2, k + 2], A[m + 2, k + 3]
@@ -111,7 +115,8 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
                 c2[j] += a20 * x0 + a21 * x1 + a22 * x2 + a23 * x3
                 c3[j] += a30 * x0 + a31 * x1 + a32 * x2 + a33 * x3
         for k in range(K4, K):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
             a0, a1, a2, a3 = A[m, k], A[m + 1, k], A[m + 2, k], A[m + 3, k]
             for j in range(J):
                 x0 = b0[j]
@@ -125,10 +130,14 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
         c0 = _row(C, m)
         c1 = _row(C, m + 1)
         for k in range(0, K4, 4):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
-            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
-            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
-            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
+            o1 = base + _tap(offs, k + 1) * step
+            b1 = src[o1:o1 + J]
+            o2 = base + _tap(offs, k + 2) * step
+            b2 = src[o2:o2 + J]
+            o3 = base + _tap(offs, k + 3) * step
+            b3 = src[o3:o3 + J]
             a00, a01, a02, a03 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
             a10, a11, a12, a13 = A[m + 1, k], A[m + 1, k + 1], A[m + 1, k + 2], A[m + 1, k + 3]
             for j in range(J):
@@ -136,7 +145,8 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
                 c0[j] += a00 * x0 + a01 * x1 + a02 * x2 + a03 * x3
                 c1[j] += a10 * x0 + a11 * x1 + a12 * x2 + a13 * x3
         for k in range(K4, K):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
             a0, a1 = A[m, k], A[m + 1, k]
             for j in range(J):
                 x0 = b0[j]
@@ -146,15 +156,20 @@ def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
     if m < M:
         c0 = _row(C, m)
         for k in range(0, K4, 4):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
-            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
-            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
-            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
+            o1 = base + _tap(offs, k + 1) * step
+            b1 = src[o1:o1 + J]
+            o2 = base + _tap(offs, k + 2) * step
+            b2 = src[o2:o2 + J]
+            o3 = base + _tap(offs, k + 3) * step
+            b3 = src[o3:o3 + J]
             a0, a1, a2, a3 = A[m, k], A[m, k + 1], A[m, k + 2], A[m, k + 3]
             for j in range(J):
                 c0[j] += a0 * b0[j] + a1 * b1[j] + a2 * b2[j] + a3 * b3[j]
         for k in range(K4, K):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
             a0 = A[m, k]
             for j in range(J):
                 c0[j] += a0 * b0[j]
@@ -174,10 +189,14 @@ def gemm_nt_rows(C, A, src, offs, base, step):
         a0 = _row(A, m)
         a1 = _row(A, m + 1)
         for k in range(0, K4, 4):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
-            b1 = src[base + _tap(offs, k + 1) * step:base + _tap(offs, k + 1) * step + J]
-            b2 = src[base + _tap(offs, k + 2) * step:base + _tap(offs, k + 2) * step + J]
-            b3 = src[base + _tap(offs, k + 3) * step:base + _tap(offs, k + 3) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
+            o1 = base + _tap(offs, k + 1) * step
+            b1 = src[o1:o1 + J]
+            o2 = base + _tap(offs, k + 2) * step
+            b2 = src[o2:o2 + J]
+            o3 = base + _tap(offs, k + 3) * step
+            b3 = src[o3:o3 + J]
             s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
             for j in range(J):
                 x0, x1, x2, x3 = b0[j], b1[j], b2[j], b3[j]
@@ -199,7 +218,8 @@ def gemm_nt_rows(C, A, src, offs, base, step):
             C[m + 1, k + 2] += s12
             C[m + 1, k + 3] += s13
         for k in range(K4, K):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
             s0 = s1 = zero
             for j in range(J):
                 x0 = b0[j]
@@ -210,7 +230,8 @@ def gemm_nt_rows(C, A, src, offs, base, step):
     for m in range(M2, M):
         a0 = _row(A, m)
         for k in range(K):
-            b0 = src[base + _tap(offs, k) * step:base + _tap(offs, k) * step + J]
+            o0 = base + _tap(offs, k) * step
+            b0 = src[o0:o0 + J]
             s0 = zero
             for j in range(J):
                 s0 += a0[j] * b0[j]
