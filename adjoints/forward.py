@@ -15,7 +15,7 @@ from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.kernels.structs import lin, record
 
-from ._forward import SolveFailed, State, entry_point
+from ._forward import Entry, SolveFailed, State
 from .base import SensitivityAlgorithm
 from .kernels.systems import Sens
 
@@ -97,9 +97,7 @@ class ForwardSensitivity(SensitivityAlgorithm):
         loop, tab = job.solver._loop(), job.solver.engine_tableau()
         T = job.obs_t.shape[0]
         fixed_u0 = job.prob.u0_function is None  # then S starts at zero
-        # the loop's compiled entry for these argument types, found at the first call: the
-        # dispatcher would otherwise work out the types of the nested structures each time
-        entry = []
+        call = Entry(loop)  # many calls (a population fit) skip the dispatcher's typing
 
         def run(p, u0=None, s0=None):
             p_buf[:] = p
@@ -112,12 +110,7 @@ class ForwardSensitivity(SensitivityAlgorithm):
             else:
                 z[n:] = _initial_sensitivities(job, p_buf)[:, cols].ravel()
             rec = record(nz, job.obs_t)
-            args = (sys, tab, ctl, job.sched.stops, z, rec)
-            if entry:
-                status, t_end = entry[0](*args)
-            else:
-                status, t_end = loop(*args)
-                entry.append(entry_point(loop, args))
+            status, t_end = call(sys, tab, ctl, job.sched.stops, z, rec)
             if status != 0:
                 raise SolveFailed(f"ForwardSensitivity: the augmented solve failed: "
                                   f"{STATUS_TEXT.get(int(status), status)}")

@@ -136,15 +136,15 @@ def _warfarin():
 
 
 class _SolveClock:
-    """Times every call of a prepared solve's compiled entry (`adjoints.prepare_values`,
-    `ForwardSensitivity.prepare`) while installed."""
+    """Times the calls of a prepared solve's compiled entry (`adjoints.prepare_values`,
+    `ForwardSensitivity.prepare`, through `adjoints._forward.Entry`) while installed:
+    every call but a prepared solve's first, which goes through numba's dispatcher."""
 
     def __init__(self):
         import adjoints._forward as af
-        import adjoints.forward as fw
 
         self.seconds, self.calls = 0.0, 0
-        self._mods, self._orig = (af, fw), af.entry_point
+        self._mods, self._orig = (af,), af.entry_point
 
         def timed(loop, args):
             f = self._orig(loop, args)
