@@ -157,12 +157,12 @@ class Entry:
     def __init__(self, loop):
         self.loop = loop
         self.fn = None
-        self.calls = 0
+        self.called = False
 
     def __call__(self, *args):
         if self.fn is None:
-            self.calls += 1
-            if self.calls < 2:
+            if not self.called:
+                self.called = True
                 return self.loop(*args)
             self.fn = entry_point(self.loop, args)
         return self.fn(*args)

@@ -12,11 +12,12 @@ args)`` calls it with numba's own calling convention (exceptions propagate as
 from any call). An address is valid in the process that took it only: take it
 in a function compiled without the disk cache (`jit(cache=False)`) and hand it
 to the cached callers as an argument. Both ends must see the same argument
-types; derive the arguments of both from one inlined function.
+types; derive the arguments of both from one inlined function. From Python,
+`address(fn, args)` takes the address for arguments Python holds.
 """
 
 from llvmlite import ir
-from numba import types
+from numba import njit, types
 from numba.core import cgutils, imputils
 from numba.extending import intrinsic
 
@@ -62,3 +63,9 @@ def call_at(typingctx, address, fn, args):
         return imputils.fix_returning_optional(context, builder, sig, status, res)
 
     return sig.return_type(address, fn, args), codegen
+
+
+@njit(cache=False)  # an address holds in this process only
+def address(fn, args):
+    """`address_of` from Python: ``fn``'s address for the types of the tuple ``args``."""
+    return address_of(fn, args)

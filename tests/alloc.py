@@ -17,25 +17,16 @@ import pytest
 from numba.core.errors import NumbaExperimentalFeatureWarning
 from numba.core.runtime import rtsys
 
-from nets._address import address_of, call_at
+from nets._address import address, call_at
 
 needs_jit = pytest.mark.skipif(numba.config.DISABLE_JIT, reason="needs the jit")
 
 
 @numba.njit
-def _address(f, args):
-    return address_of(f, args)
-
-
-@numba.njit
-def _repeat_at(at, f, n, args):
+def repeat(at, f, n, args):
+    """``f(*args)`` ``n`` times, ``f`` called through its address ``at``."""
     for _ in range(n):
         call_at(at, f, args)
-
-
-def repeat(f, n, args, at=None):
-    """``f(*args)`` ``n`` times in a compiled loop (``at``: ``f``'s address, if taken)."""
-    _repeat_at(_address(f, args) if at is None else at, f, n, args)
 
 
 def allocs():
@@ -67,12 +58,12 @@ def allocations_in(kernel, args, n=20):
         # function to numba, which warns whenever it types a tuple holding one.
         warnings.filterwarnings("ignore", message=".*First-class function type",
                                 category=NumbaExperimentalFeatureWarning)
-        at = _address(kernel, args)  # compiles the kernel
-        repeat(kernel, 1, args, at)  # compiles the loop
+        at = address(kernel, args)  # compiles the kernel
+        repeat(at, kernel, 1, args)  # compiles the loop
         a0 = allocs()
-        repeat(kernel, 1, args, at)
+        repeat(at, kernel, 1, args)
         a1 = allocs()
-        repeat(kernel, 1 + n, args, at)
+        repeat(at, kernel, 1 + n, args)
         a2 = allocs()
     unboxing = n_arrays(args)
     return (a1 - a0) - unboxing, ((a2 - a1) - (a1 - a0)) / n

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from numba.typed import List
 
-from nets._address import address_of, call_at
+from nets._address import address, call_at
 
 from ..alloc import needs_jit
 
@@ -29,11 +29,6 @@ def _fails(x):
     return 2 * x
 
 
-@numba.njit(cache=False)
-def _address(fn, args):
-    return address_of(fn, args)
-
-
 @numba.njit
 def _twice_at(at, fn, args):
     a = call_at(at, fn, args)
@@ -50,14 +45,14 @@ def test_a_call_through_the_address_is_the_direct_call(rng):
     args = _args(rng)
     ref_args = (args[0], args[1], args[2], np.zeros(4))
     ref = [_kernel(*ref_args) for _ in range(2)]
-    got = _twice_at(_address(_kernel, args), _kernel, args)
+    got = _twice_at(address(_kernel, args), _kernel, args)
     assert got == tuple(ref)  # the same arithmetic, in the same order
     np.testing.assert_array_equal(args[3], ref_args[3])
 
 
 def test_the_caller_does_not_link_the_callee(rng):
     args = _args(rng)
-    _twice_at(_address(_kernel, args), _kernel, args)
+    _twice_at(address(_kernel, args), _kernel, args)
     caller = next(iter(_twice_at.overloads.values()))
     callee = _kernel.overloads[next(iter(_kernel.overloads))]
     ir = caller.library.get_llvm_str()
@@ -66,7 +61,7 @@ def test_the_caller_does_not_link_the_callee(rng):
 
 
 def test_an_exception_in_the_callee_reaches_the_caller():
-    at = _address(_fails, (1.0,))
+    at = address(_fails, (1.0,))
     assert _twice_at(at, _fails, (1.5,)) == (3.0, 3.0)
     with pytest.raises(ValueError, match="negative input"):
         _twice_at(at, _fails, (-1.0,))
@@ -74,4 +69,4 @@ def test_an_exception_in_the_callee_reaches_the_caller():
 
 def test_only_a_compiled_function_and_a_tuple_are_taken():
     with pytest.raises(numba.core.errors.TypingError):
-        _address(_fails, 1.0)
+        address(_fails, 1.0)
