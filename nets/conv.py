@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._config import jit
-from .gemm import gemm_nn, gemm_nn_rows, gemm_nt, gemm_nt_rows, gemm_tn_rows
+from .gemm import gemm_nn, gemm_nn_rows, gemm_nt, gemm_nt_rows, gemm_tn_rows, plane
 from .layers import (
     CONV,
     Kernels,
@@ -753,8 +753,8 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
         Z3 = Zb.reshape((G * L, Og, J))
         for g in range(G):
             for l in range(L):
-                gemm_nn_rows(Z3[g * L + l], W2[g * Og:(g + 1) * Og], Ib, offs,
-                             _line_base(geo, g, l, m), m, False)
+                gemm_nn_rows(plane(Z3[g * L + l]), W2[g * Og:(g + 1) * Og], Ib, offs,
+                             _line_base(geo, g, l, m), m, bool(False))
         _block_rows(geo, Zb, n0, m, Y, bias, has_bias, True)
 
 
@@ -796,10 +796,10 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
         for g in range(G):
             for l in range(L):
                 base = _line_base(geo, g, l, m)
-                gemm_nt_rows(gW[g * Og:(g + 1) * Og], Z3[g * L + l], Ib, offs, base, m)
+                gemm_nt_rows(gW[g * Og:(g + 1) * Og], plane(Z3[g * L + l]), Ib, offs, base, m)
                 if want_x:
-                    gemm_tn_rows(Xb, base, offs, m, W2[g * Og:(g + 1) * Og], Z3[g * L + l],
-                                 geo[KW])
+                    gemm_tn_rows(Xb, base, offs, m, W2[g * Og:(g + 1) * Og],
+                                 plane(Z3[g * L + l]), geo[KW])
         if want_x:
             _unpad_block(geo, Xb, n0, m, Xbar)
 
@@ -875,7 +875,7 @@ def conv_forward_fm(geo, taps, X, p, has_bias, Y, n, scratch):
         Zg = Z[g * Og:(g + 1) * Og]
         for l in range(L):
             gemm_nn_rows((Zg, l), W2[g * Og:(g + 1) * Og], Ib, offs, _line_base(geo, g, l, n),
-                         n, True)
+                         n, bool(True))
 
 
 @jit

@@ -15,6 +15,13 @@ The operand with long rows (`C` of `gemm_nn_rows`, `A` of `gemm_nt_rows`, `Bm` o
 3-D array (a convolution's output row l across its channels, samples innermost).
 
 `gemm_tn_rows` adds ``A.T @ Bm`` into such windows (the adjoint of `gemm_nn_rows`).
+Each core compiles once per combination of argument types, a few seconds each with an
+empty cache (LeNet5's first step compiled `gemm_nn_rows` five times). So the callers
+keep the types few: the window products always take planes (`plane` makes one of a
+matrix), `gemm_nn` passes its `A` as a strided view whatever its layout, and flags and
+offsets are passed as runtime values (``bool(flag)``, ``int(0)``): a literal argument
+compiles a specialisation of its own.
+
 Products along rows work on 4 x 4 blocks, so that every element loaded feeds four
 FMAs; dot products on 2 x 4 (sixteen running sums and the rows they read would not fit
 AVX2's sixteen vector registers). The rows of a block are separate 1-D views, which
@@ -63,17 +70,23 @@ def _shape_overload(C):
     return lambda C: C.shape
 
 
-@jit
+@jit(inline="always")
 def gemm_nn(C, A, Bm, accumulate):
     """C[m, :] (+)= sum_k A[m, k] * Bm[k, :]. Overwrites C unless `accumulate`. `Bm` is
     C-contiguous; `A` may be strided (``W.T``)."""
-    gemm_nn_rows(C, A, Bm.reshape(-1), None, 0, Bm.shape[1], accumulate)
+    gemm_nn_rows(C, A[:, :], Bm.reshape(-1), None, int(0), Bm.shape[1], bool(accumulate))
 
 
-@jit
+@jit(inline="always")
 def gemm_nt(C, A, Bm):
     """C[m, k] += sum_j A[m, j] * Bm[k, j] (`Bm` C-contiguous)."""
-    gemm_nt_rows(C, A, Bm.reshape(-1), None, 0, Bm.shape[1])
+    gemm_nt_rows(C, A, Bm.reshape(-1), None, int(0), Bm.shape[1])
+
+
+@jit(inline="always")
+def plane(Z):
+    """The C-contiguous matrix `Z` as a plane ``(Z3, 0)`` (see `_row`)."""
+    return Z.reshape((Z.shape[0], 1, Z.shape[1])), int(0)
 
 
 @jit

@@ -102,6 +102,7 @@ class Program:
             self.table[l, FM] = 1
         self.scratch = _typed(scratch)
         self._relu_into_pool(plan)
+        self.paths = self._paths()
         self.outs = _typed(lane.out)
         last = int(self.table[:, FM].sum()) - 1
         self.bridge = np.zeros(rows * plan[last].out_size if last >= 0 else 1, lane.x0.dtype)
@@ -118,13 +119,29 @@ class Program:
                     and t[l + 1, ACT] < 0):
                 t[l + 1, CLAMP], t[l, ACT] = 1, -1
 
+    def _paths(self):
+        """`train_step`'s last five arguments: for each of its kernel paths (convolution,
+        pooling and Dense on rows; convolution and pooling feature-major) True where a
+        layer of the chain takes it, None where none does. numba drops the branch of a
+        path whose argument is None before typing, so that its kernels are not compiled:
+        LeNet5 runs no convolution or pooling on rows, whose kernels took a quarter of
+        its first step's compile."""
+        t = self.table
+        fm, kind = t[:, FM] != 0, t[:, KIND]
+        return tuple(True if used.any() else None for used in (
+            ~fm & (kind == CONV), ~fm & (kind == POOL), ~fm & (kind == DENSE),
+            fm & (kind == CONV), fm & (kind == POOL)))
+
+    def step_args(self, X2, T, rows, lo, hi, p, code, scale):
+        """`train_step`'s arguments for samples rows[lo:hi] of this lane."""
+        lane = self.lane
+        return (self.table, self.consts, self.geos, self.ctaps, self.ptaps, self.outs,
+                self.scratch, lane.cot[0], lane.cot[1], self.bridge, lane.rows, X2, T, rows, lo,
+                hi, lane.x0, lane.t0, p, lane.g, code, scale, *self.paths)
+
     def step(self, X2, T, rows, lo, hi, p, code, scale):
         """Loss (scaled) of samples rows[lo:hi]; the lane's gradient overwritten."""
-        lane = self.lane
-        return train_step(self.table, self.consts, self.geos, self.ctaps, self.ptaps,
-                          self.outs, self.scratch, lane.cot[0], lane.cot[1], self.bridge,
-                          lane.rows, X2, T, rows, lo, hi, lane.x0, lane.t0, p, lane.g, code,
-                          scale)
+        return train_step(*self.step_args(X2, T, rows, lo, hi, p, code, scale))
 
 
 class Lanes:
@@ -138,7 +155,9 @@ class Lanes:
 
     def __init__(self, programs, ws):
         first = programs[0]  # the tables are the same in every lane
-        self.net = (first.table, first.consts, first.geos, first.ctaps, first.ptaps)
+        # the paths flat: a parallel loop's body cannot take a tuple holding None
+        self.net = (first.table, first.consts, first.geos, first.ctaps, first.ptaps,
+                    *first.paths)
         lanes = ws.lanes
         self.bufs = (List([q.outs for q in programs]), List([q.scratch for q in programs]),
                      _typed([lane.cot[0] for lane in lanes]),
@@ -239,7 +258,8 @@ def _typed(arrays):
 
 @jit
 def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, bridge, cap,
-               X2, T, rows, lo, hi, x0, t0, p, g, code, scale):
+               X2, T, rows, lo, hi, x0, t0, p, g, code, scale, rows_conv, rows_pool,
+               rows_dense, fm_conv, fm_pool):
     """Gather rows[lo:hi] of X2 and T, run the layers forward (activations in place,
     derivatives kept), seed the loss's cotangent, pull it back through the layers:
     g = the gradient (overwritten). Returns scale * loss. `cap`: the lane's rows (where
@@ -247,7 +267,8 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
 
     Layers marked FM (a leading run of convolutions and poolings) hold their outputs
     and cotangents feature-major (`nets.conv.conv_forward_fm`); `bridge` holds the last
-    such output as rows, the input of the layers after it."""
+    such output as rows, the input of the layers after it. `rows_conv` .. `fm_pool`: the
+    kernel paths the chain takes, None for those it does not (`Program._paths`)."""
     n = hi - lo
     nl = table.shape[0]
     # Runtime values, not literals, for the kernels' flags and offsets: a literal
@@ -269,9 +290,10 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
             yf = outs[l][:n * S]
             xf = x0f[:n * R] if l == 0 else outs[l - 1][:n * R]
             if t[KIND] == CONV:
-                conv_forward_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0, yf, n,
-                                scratch[l])
-            else:
+                if fm_conv is not None:
+                    conv_forward_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0, yf, n,
+                                    scratch[l])
+            elif fm_pool is not None:
                 pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, yf, yf, xf, scratch[l], n, no,
                         t[CLAMP] != 0)
         else:
@@ -279,12 +301,15 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
                 h = bridge[:n * R].reshape((n, R))
                 transpose(outs[l - 1], R, n, bridge)
             if t[KIND] == CONV:
-                conv_forward(geos[t[GEO]], ctaps[t[TAPS]], t[TRANSPOSED] != 0, h, pl,
-                             t[BIAS] != 0, y, scratch[l])
+                if rows_conv is not None:
+                    conv_forward(geos[t[GEO]], ctaps[t[TAPS]], t[TRANSPOSED] != 0, h, pl,
+                                 t[BIAS] != 0, y, scratch[l])
             elif t[KIND] == POOL:
-                _pool(geos[t[GEO]], consts[l, NORM], h, y, y, h, ptaps[t[TAPS]], no)
+                if rows_pool is not None:
+                    _pool(geos[t[GEO]], consts[l, NORM], h, y, y, h, ptaps[t[TAPS]], no)
             elif t[KIND] == DENSE:
-                dense_forward(h, pl, t[NOUT], t[BIAS] != 0, y, scratch[l])
+                if rows_dense is not None:
+                    dense_forward(h, pl, t[NOUT], t[BIAS] != 0, y, scratch[l])
             else:
                 y[:, :] = h
         if t[ACT] >= 0:
@@ -311,9 +336,10 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
         if t[FM]:
             xf = x0f[:n * R] if l == 0 else outs[l - 1][:n * R]
             if t[KIND] == CONV:
-                conv_pullback_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0,
-                                 a[:n * S], b[:n * R], want_x, gl, n, scratch[l])
-            elif want_x:
+                if fm_conv is not None:
+                    conv_pullback_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0,
+                                     a[:n * S], b[:n * R], want_x, gl, n, scratch[l])
+            elif want_x and fm_pool is not None:
                 pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, outs[l][:n * S], a[:n * S],
                         b[:n * R], scratch[l], n, yes, t[CLAMP] != 0)
             a, b = b, a
@@ -329,13 +355,15 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
         y = outs[l][:n * S].reshape((n, S))
         xbar = b[:n * R].reshape((n, R))
         if t[KIND] == CONV:
-            conv_pullback(geos[t[GEO]], ctaps[t[TAPS]], t[TRANSPOSED] != 0, x, pl,
-                          t[BIAS] != 0, ybar, xbar, want_x, gl, scratch[l])
+            if rows_conv is not None:
+                conv_pullback(geos[t[GEO]], ctaps[t[TAPS]], t[TRANSPOSED] != 0, x, pl,
+                              t[BIAS] != 0, ybar, xbar, want_x, gl, scratch[l])
         elif t[KIND] == POOL:
-            if want_x:
+            if want_x and rows_pool is not None:
                 _pool(geos[t[GEO]], consts[l, NORM], x, y, ybar, xbar, ptaps[t[TAPS]], yes)
         elif t[KIND] == DENSE:
-            dense_pullback(x, pl, t[NOUT], t[BIAS] != 0, ybar, xbar, want_x, gl)
+            if rows_dense is not None:
+                dense_pullback(x, pl, t[NOUT], t[BIAS] != 0, ybar, xbar, want_x, gl)
         elif want_x:
             xbar[:, :] = ybar
         if after_fm:  # back to feature-major, in the buffer just read
@@ -426,11 +454,11 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
 def _lane_args(net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
     """`train_step`'s arguments for lane ``t``: one function, so that the address taken
     (`_step_address`) and the calls made (`_lane_step`) see the same types."""
-    table, consts, geos, ctaps, ptaps = net
+    table, consts, geos, ctaps, ptaps, rows_conv, rows_pool, rows_dense, fm_conv, fm_pool = net
     outs, scratch, cot_a, cot_b, x0, t0, G, cap, bridge, _ = bufs
     return (table, consts, geos, ctaps, ptaps, outs[t], scratch[t], cot_a[t], cot_b[t],
             bridge[t], cap, X2, T, rows, lo, hi, x0[t], t0[t], p, G[t, :p.shape[0]], code,
-            scale)
+            scale, rows_conv, rows_pool, rows_dense, fm_conv, fm_pool)
 
 
 @jit(cache=False)  # an address holds in this process only

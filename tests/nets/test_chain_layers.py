@@ -266,10 +266,7 @@ def test_kernels_allocate_nothing(rng):
     # the whole training step of a lane in one call (nets.lanestep)
     prog = lane.program(chain)
     X2, rows = x.reshape(n, -1), np.arange(n, dtype=np.int64)
-    cases += [(lanestep.train_step, (prog.table, prog.consts, prog.geos, prog.ctaps, prog.ptaps,
-                                     prog.outs, prog.scratch, lane.cot[0], lane.cot[1], prog.bridge,
-                                     lane.rows,
-                                     X2, T, rows, 0, n, lane.x0, lane.t0, p, lane.g, 2, 1.0))]
+    cases += [(lanestep.train_step, prog.step_args(X2, T, rows, 0, n, p, 2, 1.0))]
     assert prog.table[0, lanestep.FM]  # its convolution and pooling feature-major
     for kernel, args in cases:
         assert allocations_in(kernel, args)[1] == 0, kernel
