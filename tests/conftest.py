@@ -31,6 +31,28 @@ if settings is not None:
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# Files whose tests compile the same engine loop variants (one per loop, system type and
+# linear solver, 10-30 s each with empty caches). `make test` runs with
+# `--dist loadgroup`, which sends a group to one worker: spread over two, tests of one
+# group compiled the same variant on both workers at once (70 worker-seconds of a cold
+# run; the disk cache helps only a worker that starts after the other has written).
+COMPILE_GROUPS = {
+    "tests/adjoints/test_matrix.py": "adjoint_loops",
+    "tests/sciml/test_adjoints.py": "adjoint_loops",
+    "tests/sciml/test_bdf.py": "stiff_loops",
+    "tests/sciml/test_sparse.py": "stiff_loops",
+    "tests/sciml/test_mass.py": "stiff_loops",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = COMPILE_GROUPS.get(item.nodeid.split("::")[0])
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded from the test's name: reproducible, distinct per test."""
