@@ -29,7 +29,7 @@ lint: $(VENV)/.stamp-dev
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup  # two workers: a cold run is mostly numba compiling; loadgroup: see COMPILE_GROUPS in tests/conftest.py
+	$(BIN)/python -m pytest -q -n 2  # two workers: a cold run is mostly numba compiling (see COMPILE_GROUPS in tests/conftest.py)
 
 bench: $(VENV)/.stamp-dev
 	$(BIN)/pip install -qq -e '.[bench]'

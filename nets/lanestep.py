@@ -120,17 +120,16 @@ class Program:
                 t[l + 1, CLAMP], t[l, ACT] = 1, -1
 
     def _paths(self):
-        """`train_step`'s last five arguments: for each of its kernel paths (convolution,
-        pooling and Dense on rows; convolution and pooling feature-major) True where a
-        layer of the chain takes it, None where none does. numba drops the branch of a
-        path whose argument is None before typing, so that its kernels are not compiled:
-        LeNet5 runs no convolution or pooling on rows, whose kernels took a quarter of
-        its first step's compile."""
-        t = self.table
-        fm, kind = t[:, FM] != 0, t[:, KIND]
-        return tuple(True if used.any() else None for used in (
-            ~fm & (kind == CONV), ~fm & (kind == POOL), ~fm & (kind == DENSE),
-            fm & (kind == CONV), fm & (kind == POOL)))
+        """`train_step`'s last two arguments: True where a layer of the chain runs a
+        convolution (a pooling) on rows, None where none does. numba drops a branch on an
+        argument that is None before typing, so that the kernels behind it are not
+        compiled: LeNet5 runs its convolutions and poolings feature-major, and those on
+        rows (with their im2col path) took a third of its first step's compile. (The
+        feature-major and Dense kernels, a few seconds, are always compiled: a path
+        argument of their own would compile more variants of `train_step` than it saves.)"""
+        rows, kind = self.table[:, FM] == 0, self.table[:, KIND]
+        return tuple(True if used.any() else None
+                     for used in (rows & (kind == CONV), rows & (kind == POOL)))
 
     def step_args(self, X2, T, rows, lo, hi, p, code, scale):
         """`train_step`'s arguments for samples rows[lo:hi] of this lane."""
@@ -258,8 +257,7 @@ def _typed(arrays):
 
 @jit
 def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, bridge, cap,
-               X2, T, rows, lo, hi, x0, t0, p, g, code, scale, rows_conv, rows_pool,
-               rows_dense, fm_conv, fm_pool):
+               X2, T, rows, lo, hi, x0, t0, p, g, code, scale, rows_conv, rows_pool):
     """Gather rows[lo:hi] of X2 and T, run the layers forward (activations in place,
     derivatives kept), seed the loss's cotangent, pull it back through the layers:
     g = the gradient (overwritten). Returns scale * loss. `cap`: the lane's rows (where
@@ -267,8 +265,8 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
 
     Layers marked FM (a leading run of convolutions and poolings) hold their outputs
     and cotangents feature-major (`nets.conv.conv_forward_fm`); `bridge` holds the last
-    such output as rows, the input of the layers after it. `rows_conv` .. `fm_pool`: the
-    kernel paths the chain takes, None for those it does not (`Program._paths`)."""
+    such output as rows, the input of the layers after it. `rows_conv`, `rows_pool`: None
+    where the chain has no convolution (pooling) on rows (`Program._paths`)."""
     n = hi - lo
     nl = table.shape[0]
     # Runtime values, not literals, for the kernels' flags and offsets: a literal
@@ -290,10 +288,9 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
             yf = outs[l][:n * S]
             xf = x0f[:n * R] if l == 0 else outs[l - 1][:n * R]
             if t[KIND] == CONV:
-                if fm_conv is not None:
-                    conv_forward_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0, yf, n,
-                                    scratch[l])
-            elif fm_pool is not None:
+                conv_forward_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0, yf, n,
+                                scratch[l])
+            else:
                 pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, yf, yf, xf, scratch[l], n, no,
                         t[CLAMP] != 0)
         else:
@@ -308,8 +305,7 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
                 if rows_pool is not None:
                     _pool(geos[t[GEO]], consts[l, NORM], h, y, y, h, ptaps[t[TAPS]], no)
             elif t[KIND] == DENSE:
-                if rows_dense is not None:
-                    dense_forward(h, pl, t[NOUT], t[BIAS] != 0, y, scratch[l])
+                dense_forward(h, pl, t[NOUT], t[BIAS] != 0, y, scratch[l])
             else:
                 y[:, :] = h
         if t[ACT] >= 0:
@@ -336,10 +332,9 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
         if t[FM]:
             xf = x0f[:n * R] if l == 0 else outs[l - 1][:n * R]
             if t[KIND] == CONV:
-                if fm_conv is not None:
-                    conv_pullback_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0,
-                                     a[:n * S], b[:n * R], want_x, gl, n, scratch[l])
-            elif want_x and fm_pool is not None:
+                conv_pullback_fm(geos[t[GEO]], ctaps[t[TAPS]], xf, pl, t[BIAS] != 0,
+                                 a[:n * S], b[:n * R], want_x, gl, n, scratch[l])
+            elif want_x:
                 pool_fm(geos[t[GEO]], ptaps[t[TAPS]], xf, outs[l][:n * S], a[:n * S],
                         b[:n * R], scratch[l], n, yes, t[CLAMP] != 0)
             a, b = b, a
@@ -362,8 +357,7 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
             if want_x and rows_pool is not None:
                 _pool(geos[t[GEO]], consts[l, NORM], x, y, ybar, xbar, ptaps[t[TAPS]], yes)
         elif t[KIND] == DENSE:
-            if rows_dense is not None:
-                dense_pullback(x, pl, t[NOUT], t[BIAS] != 0, ybar, xbar, want_x, gl)
+            dense_pullback(x, pl, t[NOUT], t[BIAS] != 0, ybar, xbar, want_x, gl)
         elif want_x:
             xbar[:, :] = ybar
         if after_fm:  # back to feature-major, in the buffer just read
@@ -454,11 +448,11 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
 def _lane_args(net, bufs, t, X2, T, rows, lo, hi, p, code, scale):
     """`train_step`'s arguments for lane ``t``: one function, so that the address taken
     (`_step_address`) and the calls made (`_lane_step`) see the same types."""
-    table, consts, geos, ctaps, ptaps, rows_conv, rows_pool, rows_dense, fm_conv, fm_pool = net
+    table, consts, geos, ctaps, ptaps, rows_conv, rows_pool = net
     outs, scratch, cot_a, cot_b, x0, t0, G, cap, bridge, _ = bufs
     return (table, consts, geos, ctaps, ptaps, outs[t], scratch[t], cot_a[t], cot_b[t],
             bridge[t], cap, X2, T, rows, lo, hi, x0[t], t0[t], p, G[t, :p.shape[0]], code,
-            scale, rows_conv, rows_pool, rows_dense, fm_conv, fm_pool)
+            scale, rows_conv, rows_pool)
 
 
 @jit(cache=False)  # an address holds in this process only
