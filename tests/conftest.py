@@ -47,6 +47,8 @@ COMPILE_GROUPS = {
     "tests/nets/test_chain_layers.py": "layer_kernels",
     "tests/nets/test_lanestep.py": "layer_kernels",
     "tests/nets/test_alloc.py": "layer_kernels",
+    "tests/nets/test_conv.py": "layer_kernels",
+    "tests/nets/test_custom_activation.py": "layer_kernels",
 }
 
 
