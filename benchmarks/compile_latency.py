@@ -16,7 +16,10 @@ scientist waits for after editing a model. Rows:
   (RecursiveCheckpointAdjoint, Tsit5), imports excluded;
 - ``cold``: the ``new model`` row with empty caches (the engine compiles);
 - ``nets``: ``nets.loss_and_grad`` of the 4-32-16-4 matrix-exponential chain,
-  warm and cold, imports included (its kernels are generic over chains).
+  warm and cold, imports included (its kernels are generic over chains);
+- ``LeNet5``: ``nets.train``'s first float32 epoch of LeNet5 (two minibatches of 64
+  random 28 x 28 images, Adam), empty caches, imports included: when a new user's
+  first epoch starts running.
 
 The model: the Lotka-Volterra UDE with a 2-16-16-2 tanh network, 31
 observations of both states on (0, 3), sum of squares. Each warm row is the
@@ -111,6 +114,20 @@ nets.loss_and_grad(chain, p, X, X)
 marks = {}
 """
 
+_LENET = """
+import numpy as np
+import nets
+from nets import Chain, Conv, Dense, Flatten, MaxPool
+lenet = Chain((1, 28, 28), Conv(6, (5, 5), "relu"), MaxPool((2, 2)), Conv(16, (5, 5), "relu"),
+              MaxPool((2, 2)), Flatten(), Dense(120, "relu"), Dense(84, "relu"), Dense(10))
+p = lenet.init_params(seed=0, dtype=np.float32)
+rng = np.random.default_rng(0)
+X, y = rng.random((128, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 128)
+nets.train(lenet, p, X, y, loss=nets.LogitCrossEntropyLoss(), optimizer=nets.Adam(3e-4),
+           epochs=1, batch_size=64)
+marks = {}
+"""
+
 _REPORT = "\nimport json\nprint('MARKS ' + json.dumps(marks))\n"
 
 
@@ -158,6 +175,8 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as nets_cache:
             nets_cold = _run(_NETS, nets_cache)[0]
             nets_warm = min(_run(_NETS, nets_cache)[0] for _ in range(repeats))
+        with tempfile.TemporaryDirectory() as lenet_cache:
+            lenet_cold = _run(_LENET, lenet_cache)[0]
 
     med = statistics.median
     table = [
@@ -171,7 +190,9 @@ def main(argv=None):
     if dfx is not None:
         table.append(("diffrax: jit solve + value_and_grad", med(dfx), "imports excluded"))
     table += [("nets.loss_and_grad, warm (with imports)", nets_warm, ""),
-              ("nets.loss_and_grad, cold (with imports)", nets_cold, "")]
+              ("nets.loss_and_grad, cold (with imports)", nets_cold, ""),
+              ("LeNet5 first float32 epoch, cold (with imports)", lenet_cold,
+               "2 minibatches of 64")]
     width = max(len(r[0]) for r in table)
     print(f"{'case':{width}s}  {'seconds':>8s}")
     for name, sec, note in table:
