@@ -754,7 +754,7 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
         for g in range(G):
             for l in range(L):
                 gemm_nn_rows(plane(Z3[g * L + l]), W2[g * Og:(g + 1) * Og], Ib, offs,
-                             _line_base(geo, g, l, m), m, bool(False))
+                             _line_base(geo, g, l, m), m, np.bool_(False))
         _block_rows(geo, Zb, n0, m, Y, bias, has_bias, True)
 
 
@@ -875,7 +875,7 @@ def conv_forward_fm(geo, taps, X, p, has_bias, Y, n, scratch):
         Zg = Z[g * Og:(g + 1) * Og]
         for l in range(L):
             gemm_nn_rows((Zg, l), W2[g * Og:(g + 1) * Og], Ib, offs, _line_base(geo, g, l, n),
-                         n, bool(True))
+                         n, np.bool_(True))
 
 
 @jit

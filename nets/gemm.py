@@ -19,8 +19,8 @@ Each core compiles once per combination of argument types, a few seconds each wi
 empty cache (LeNet5's first step compiled `gemm_nn_rows` five times). So the callers
 keep the types few: the window products always take planes (`plane` makes one of a
 matrix), `gemm_nn` passes its `A` as a strided view whatever its layout, and flags and
-offsets are passed as runtime values (``bool(flag)``, ``int(0)``): a literal argument
-compiles a specialisation of its own.
+offsets are passed as runtime values (``np.bool_(flag)``, ``np.int64(0)``): a literal
+argument compiles a specialisation of its own.
 
 Products along rows work on 4 x 4 blocks, so that every element loaded feeds four
 FMAs; dot products on 2 x 4 (sixteen running sums and the rows they read would not fit
@@ -29,6 +29,7 @@ lets LLVM vectorise the inner loop with a runtime aliasing check. Leftover rows 
 columns run through narrower loops. Nothing allocates.
 """
 
+import numpy as np
 from numba import types
 from numba.extending import overload
 
@@ -74,19 +75,20 @@ def _shape_overload(C):
 def gemm_nn(C, A, Bm, accumulate):
     """C[m, :] (+)= sum_k A[m, k] * Bm[k, :]. Overwrites C unless `accumulate`. `Bm` is
     C-contiguous; `A` may be strided (``W.T``)."""
-    gemm_nn_rows(C, A[:, :], Bm.reshape(-1), None, int(0), Bm.shape[1], bool(accumulate))
+    gemm_nn_rows(C, A[:, :], Bm.reshape(-1), None, np.int64(0), Bm.shape[1],
+                 np.bool_(accumulate))
 
 
 @jit(inline="always")
 def gemm_nt(C, A, Bm):
     """C[m, k] += sum_j A[m, j] * Bm[k, j] (`Bm` C-contiguous)."""
-    gemm_nt_rows(C, A, Bm.reshape(-1), None, int(0), Bm.shape[1])
+    gemm_nt_rows(C, A, Bm.reshape(-1), None, np.int64(0), Bm.shape[1])
 
 
 @jit(inline="always")
 def plane(Z):
     """The C-contiguous matrix `Z` as a plane ``(Z3, 0)`` (see `_row`)."""
-    return Z.reshape((Z.shape[0], 1, Z.shape[1])), int(0)
+    return Z.reshape((Z.shape[0], 1, Z.shape[1])), np.int64(0)
 
 
 @jit
