@@ -157,6 +157,20 @@ def number(v, name, where=None, lo=-math.inf, hi=math.inf, lo_open=True, hi_open
     raise ValueError(f"{_prefix(where)}`{name}` must be {want}, got {v!r}")
 
 
+def real(v, name, where=None, lo=-math.inf, hi=math.inf, lo_open=True, hi_open=False,
+         want=None):
+    """`number`, but a value that is no number at all is a TypeError, and ``want`` (e.g.
+    "a standard deviation > 0") names what is expected in place of the interval."""
+    if not is_number(v):
+        raise TypeError(f"{_prefix(where)}`{name}` must be a number, got {v!r}")
+    try:
+        return number(v, name, where, lo, hi, lo_open, hi_open)
+    except ValueError:
+        if want is None:
+            raise
+        raise ValueError(f"{_prefix(where)}`{name}` must be {want}, got {v!r}") from None
+
+
 def optional_tolerance(v, name, where):
     """None, or a finite tolerance > 0 (a method's own ``rtol=``, ``atol=``)."""
     if v is None:

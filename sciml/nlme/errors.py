@@ -7,22 +7,16 @@ effects through the prediction). As in nlmixr2, a combined error adds the
 variances (``add.sd**2 + (prop.sd * f)**2``).
 """
 
-import math
 
 import numpy as np
+
+from sciml._validate import real
 
 __all__ = ["Additive", "Proportional", "Combined"]
 
 
 def _sd(value, cls, name):
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{cls}: `{name}` must be a number (a standard deviation), got "
-                        f"{value!r}") from None
-    if not (v > 0.0 and math.isfinite(v)):
-        raise ValueError(f"{cls}: `{name}` must be a standard deviation > 0, got {value!r}")
-    return v
+    return real(value, name, cls, lo=0.0, want="a standard deviation > 0")
 
 
 class ErrorModel:

@@ -12,7 +12,6 @@ gradient (`gradient`), for every method.
 
 import contextlib
 import copy
-import math
 import os
 import sys
 import time
@@ -22,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy import optimize
 
-from sciml._validate import positive_number
+from sciml._validate import positive_number, real
 from sciml.problem import initial_function
 from sciml.solvers.erk import Tsit5
 
@@ -413,13 +412,7 @@ class NLME:
             if name not in self.error_names:
                 raise ValueError(f"NLME: `lloq` names {name!r}, not an observed quantity "
                                  f"({', '.join(self.error_names)})")
-            try:
-                out[self.error_names.index(name)] = float(v)
-            except (TypeError, ValueError):
-                raise TypeError(f"NLME: `lloq[{name!r}]` must be a number, got {v!r}") \
-                    from None
-            if not math.isfinite(float(v)):
-                raise ValueError(f"NLME: `lloq[{name!r}]` must be finite, got {v!r}")
+            out[self.error_names.index(name)] = _number(v, f"lloq[{name!r}]")
         return out
 
     def _subject(self, x, method, ebe_tol=None):
@@ -937,16 +930,6 @@ def _nets(model, nets):
     return slices, np.concatenate(w), np.concatenate(idx).astype(np.int64)
 
 
-def _number(v, what):
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"NLME: `{what}` must be a number, got {v!r}") from None
-    if not math.isfinite(x):
-        raise ValueError(f"NLME: `{what}` must be finite, got {v!r}")
-    return x
-
-
 def _saem(method, seed):
     """SAEM settings of ``method`` (the string "saem" or `SAEM`, ``seed`` overriding its
     seed), or None for the other methods (which refuse a seed)."""
@@ -968,3 +951,7 @@ def _method(method):
         raise ValueError(f"NLME: `method` must be one of {', '.join(map(repr, METHODS))}, got "
                          f"{method!r}")
     return method
+
+
+def _number(v, what):
+    return real(v, what, "NLME")

@@ -45,6 +45,7 @@ import numpy as np
 from scipy import optimize
 
 from adjoints import SolveFailed
+from sciml._validate import real
 
 from .derivatives import Local, residual_jets, variance_terms
 from .errors import Additive, Proportional
@@ -117,14 +118,8 @@ class SAEM:
 
 
 def _fraction(v, what, closed):
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise TypeError(f"SAEM: `{what}` must be a number, got {v!r}") from None
-    if not (0.0 <= x <= 1.0 if closed else 0.0 < x < 1.0):
-        raise ValueError(f"SAEM: `{what}` must be in {'[0, 1]' if closed else '(0, 1)'}, "
-                         f"got {v!r}")
-    return x
+    return real(v, what, "SAEM", 0.0, 1.0, lo_open=not closed, hi_open=not closed,
+                want="in [0, 1]" if closed else "in (0, 1)")
 
 
 @dataclass
