@@ -139,36 +139,35 @@ def _prefix(where):
     return f"{where}: " if where else ""
 
 
-def number(v, name, where=None, lo=-math.inf, hi=math.inf, lo_open=True, hi_open=False):
+def number(v, name, where=None, lo=-math.inf, hi=math.inf, lo_open=True, hi_open=False,
+           want=None):
     """``float(v)`` if ``v`` is a real number (not a bool) in the interval from ``lo`` to
     ``hi`` (open or closed at each end; an infinite end is open); else a ValueError naming
-    ``where``, ``name`` and the interval."""
+    ``where``, ``name`` and the interval (or ``want``, e.g. "a standard deviation > 0")."""
     if is_number(v) and math.isfinite(v) and (v > lo if lo_open else v >= lo) \
             and (v < hi if hi_open else v <= hi):
         return float(v)
-    if lo == -math.inf and hi == math.inf:
-        want = "a finite number"
-    elif hi == math.inf:
-        want = f"a finite number {'>' if lo_open else '>='} {lo:g}"
-    elif lo == -math.inf:
-        want = f"a finite number {'<' if hi_open else '<='} {hi:g}"
-    else:
-        want = f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    want = want or _interval(lo, hi, lo_open, hi_open)
     raise ValueError(f"{_prefix(where)}`{name}` must be {want}, got {v!r}")
+
+
+def _interval(lo, hi, lo_open, hi_open):
+    """What `number` expects, in words."""
+    if lo == -math.inf and hi == math.inf:
+        return "a finite number"
+    if hi == math.inf:
+        return f"a finite number {'>' if lo_open else '>='} {lo:g}"
+    if lo == -math.inf:
+        return f"a finite number {'<' if hi_open else '<='} {hi:g}"
+    return f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 
 
 def real(v, name, where=None, lo=-math.inf, hi=math.inf, lo_open=True, hi_open=False,
          want=None):
-    """`number`, but a value that is no number at all is a TypeError, and ``want`` (e.g.
-    "a standard deviation > 0") names what is expected in place of the interval."""
+    """`number`, but a value that is no number at all is a TypeError."""
     if not is_number(v):
         raise TypeError(f"{_prefix(where)}`{name}` must be a number, got {v!r}")
-    try:
-        return number(v, name, where, lo, hi, lo_open, hi_open)
-    except ValueError:
-        if want is None:
-            raise
-        raise ValueError(f"{_prefix(where)}`{name}` must be {want}, got {v!r}") from None
+    return number(v, name, where, lo, hi, lo_open, hi_open, want)
 
 
 def optional_tolerance(v, name, where):

@@ -7,7 +7,6 @@ effects through the prediction). As in nlmixr2, a combined error adds the
 variances (``add.sd**2 + (prop.sd * f)**2``).
 """
 
-
 import numpy as np
 
 from sciml._validate import real
