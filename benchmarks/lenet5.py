@@ -259,6 +259,8 @@ def main(argv=None) -> int:
              jax_impl(p0, X, y, Xt, yt, bs, threads, epochs)]
 
     machine = H.machine_info(threads)
+    peak = H.float32_peak(threads)
+    machine["float32_peak"] = peak
     flops_epoch = TRAIN_FLOPS * len(X)
     print(f"lenet5: LeNet5 (44,426 parameters, float32), {source}; {len(X)} training / "
           f"{len(Xt)} test images; Adam({LR}), softmax cross-entropy summed over each "
@@ -269,6 +271,7 @@ def main(argv=None) -> int:
     print(f"flops per epoch: {TRAIN_FLOPS / 1e6:.3g} MFLOP per image (forward {FWD_FLOPS / 1e3:.0f}"
           f" kFLOP, backward 2x, no input gradient for conv1) x {len(X)} = "
           f"{flops_epoch / 1e9:.3g} GFLOP")
+    print(H.peak_note(peak, threads))
     print("unit = one epoch; rounds alternate the impls epoch by epoch; first call = "
           "compile/cache load + 4 steps; accuracies after the last epoch")
     print()
@@ -290,7 +293,14 @@ def main(argv=None) -> int:
     def gflops(r):
         return f"{flops_epoch / r['median_s'] / 1e9:.3g}"
 
-    H.print_table(rows, extra={"GFLOP/s": gflops})
+    def of_peak(r):  # of the machine's peak (of the peak at our code's vector width)
+        g = flops_epoch / r["median_s"] / 1e9
+        text = f"{100 * g / peak['peak_gflops']:.0f} %"
+        if peak["code_bits"] < peak["fma_bits"]:
+            text += f" ({100 * g / peak['code_peak_gflops']:.0f} %)"
+        return text
+
+    H.print_table(rows, extra={"GFLOP/s": gflops, "of peak": of_peak})
     print(load_note)
     if args.json:
         H.write_json(args.json, "lenet5", machine, rows)
