@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent
 SOURCES = ("kernels.py", "activations.py", "_bits.py", "_config.py", "_cache.py",
            # the per-layer path: kernels that call each other's compiled code
            "gemm.py", "linear.py", "conv.py", "pool.py", "layerwise.py", "rng.py", "norm.py",
-           "dropout.py", "bilinear.py", "softmax.py", "lanestep.py")
+           "dropout.py", "bilinear.py", "softmax.py", "lanestep.py", "tiles.py")
 
 
 def fingerprint_of(paths):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._config import jit
-from .gemm import gemm_nn, gemm_nn_rows, gemm_nt, gemm_nt_rows, gemm_tn_rows, plane
+from .gemm import gemm_nn, gemm_nn_rows, gemm_nt, gemm_nt_rows, gemm_tn_rows
 from .layers import (
     CONV,
     Kernels,
@@ -628,8 +628,9 @@ def _cols_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, s
 # Stride 1 along W. A block of m samples is held sample-fastest and zero-padded, Ib
 # (C, D + 2 pd, H + 2 ph, W + 2 pw, m), so that the input of a tap for one output row
 # (all ow, all samples) is one contiguous window of Ib, read in place by the products
-# (`gemm_nn_rows`: no unfolding); the column side is held by output row, Zb (G, OD *
-# OH, C'/G, OW * m), so that each row's product writes one contiguous matrix. The
+# (`gemm_nn_rows`: no unfolding); the column side is held as the feature-major path
+# holds it, Zb (G, C'/G, OD * OH, OW * m): each row's product writes a plane
+# (`nets.gemm`), and the weight gradient reads an od's planes in one call. The
 # conversions from and to the batch-first arrays cost a few percent of the products;
 # unfolding LeNet's second convolution cost as much as its product.
 
@@ -684,7 +685,7 @@ TILE = 8
 
 @jit
 def _block_rows(geo, Zb, n0, m, Y, bias, has_bias, to_rows):
-    """Between a block's lines Zb (g, (od, oh), c' - g C'/G, ow * m + i) and rows n0 ..
+    """Between a block's lines Zb (g, c' - g C'/G, (od, oh), ow * m + i) and rows n0 ..
     n0 + m of the batch-first Y (i, (c', od, oh, ow)): into Y (+ bias) if `to_rows`, else
     into Zb (no bias)."""
     G = geo[GR]
@@ -701,7 +702,7 @@ def _block_rows(geo, Zb, n0, m, Y, bias, has_bias, to_rows):
             for o in range(Og):
                 b = bias[g * Og + o] if has_bias else zero
                 for l in range(L):
-                    q = np.uint64((g * L + l) * Og + o) * oW * um
+                    q = np.uint64((g * Og + o) * L + l) * oW * um
                     d = np.uint64((g * Og + o) * L + l) * oW
                     for i in range(np.uint64(i0), np.uint64(i1)):
                         y = i * R + d
@@ -750,10 +751,10 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
         J = geo[OW] * m
         Ib, Xb, Zb = _direct_blocks(geo, scratch, m)
         _pad_block(geo, X, n0, m, Ib)
-        Z3 = Zb.reshape((G * L, Og, J))
+        Z4 = Zb.reshape((G, Og, L, J))
         for g in range(G):
             for l in range(L):
-                gemm_nn_rows(plane(Z3[g * L + l]), W2[g * Og:(g + 1) * Og], Ib, offs,
+                gemm_nn_rows((Z4[g], l), W2[g * Og:(g + 1) * Og], Ib, offs,
                              _line_base(geo, g, l, m), m, np.bool_(False))
         _block_rows(geo, Zb, n0, m, Y, bias, has_bias, True)
 
@@ -789,17 +790,20 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
                         s += v[j]
                     gp[ccol * rows + o] += s
         _pad_block(geo, X, n0, m, Ib)
-        Z3 = Zb.reshape((G * L, Og, J))
+        Z4 = Zb.reshape((G, Og, L, J))
         if want_x:
             for t in range(Xb.shape[0]):
                 Xb[t] = zero
+        nh, lstride = geo[OH], geo[SH] * (geo[IW] + 2 * geo[PW]) * m
         for g in range(G):
-            for l in range(L):
-                base = _line_base(geo, g, l, m)
-                gemm_nt_rows(gW[g * Og:(g + 1) * Og], plane(Z3[g * L + l]), Ib, offs, base, m)
-                if want_x:
-                    gemm_tn_rows(Xb, base, offs, m, W2[g * Og:(g + 1) * Og],
-                                 plane(Z3[g * L + l]), geo[KW])
+            for od in range(geo[OD]):  # the rows oh of one od at once, windows lstride apart
+                l0 = od * nh
+                gemm_nt_rows(gW[g * Og:(g + 1) * Og], Z4[g][:, l0:l0 + nh], Ib, offs,
+                             _line_base(geo, g, l0, m), m, lstride)
+            if want_x:
+                for l in range(L):
+                    gemm_tn_rows(Xb, _line_base(geo, g, l, m), offs, m, W2[g * Og:(g + 1) * Og],
+                                 (Z4[g], l), geo[KW])
         if want_x:
             _unpad_block(geo, Xb, n0, m, Xbar)
 
@@ -907,13 +911,17 @@ def conv_pullback_fm(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, n, scratch)
     if want_x:
         for t in range(Xb.shape[0]):
             Xb[t] = zero
+    nh, lstride = geo[OH], geo[SH] * (geo[IW] + 2 * geo[PW]) * n
     for g in range(G):
         Zg = Z[g * Og:(g + 1) * Og]
-        for l in range(L):
-            base = _line_base(geo, g, l, n)
-            gemm_nt_rows(gW[g * Og:(g + 1) * Og], (Zg, l), Ib, offs, base, n)
-            if want_x:
-                gemm_tn_rows(Xb, base, offs, n, W2[g * Og:(g + 1) * Og], (Zg, l), geo[KW])
+        for od in range(geo[OD]):  # the rows oh of one od at once, windows lstride apart
+            l0 = od * nh
+            gemm_nt_rows(gW[g * Og:(g + 1) * Og], Zg[:, l0:l0 + nh], Ib, offs,
+                         _line_base(geo, g, l0, n), n, lstride)
+        if want_x:
+            for l in range(L):
+                gemm_tn_rows(Xb, _line_base(geo, g, l, n), offs, n, W2[g * Og:(g + 1) * Og],
+                             (Zg, l), geo[KW])
     if want_x and half:
         _fm_pad(geo, Xbar, n, Xb, True)
 

@@ -47,6 +47,7 @@ from .kernels import LOGITCE, SQUARED, optimizer_step, penalize
 from .layers import CONV, DENSE, POOL
 from .linear import dense_forward, dense_pullback
 from .pool import _pool, fm_pool_ok, pool_fm
+from .tiles import zeros
 
 KIND, ACT, IN, OUT, POFF, NPAR, TRANSPOSED, BIAS, NOUT, GEO, TAPS, FM, CLAMP, ROW = range(14)
 C0, C1, NORM = range(3)
@@ -93,8 +94,7 @@ class Program:
         rows = lane.rows
         for l, k in enumerate(kernels):
             if k.kind == CONV and _direct.py_func(k.geo, k.transposed):
-                scratch[l] = np.zeros(max(1, int(fm_pad_size.py_func(k.geo, rows))),
-                                      lane.x0.dtype)
+                scratch[l] = zeros(max(1, int(fm_pad_size.py_func(k.geo, rows))), lane.x0.dtype)
             elif k.kind == POOL and fm_pool_ok(k.geo):
                 scratch[l] = np.zeros(rows, lane.x0.dtype)
             else:
@@ -105,7 +105,7 @@ class Program:
         self.paths = self._paths()
         self.outs = _typed(lane.out)
         last = int(self.table[:, FM].sum()) - 1
-        self.bridge = np.zeros(rows * plan[last].out_size if last >= 0 else 1, lane.x0.dtype)
+        self.bridge = zeros(rows * plan[last].out_size if last >= 0 else 1, lane.x0.dtype)
         self.lane = lane
 
     def _relu_into_pool(self, plan):

@@ -36,6 +36,7 @@ from .activations import run_row
 from .lanestep import LOGITCE, Lanes, Program, add_lanes, gather, loss_seed, multiply, penalty
 from .layers import Context
 from .rng import layer_key
+from .tiles import zeros
 
 # ------------------------------------------------------------------------ workspace
 
@@ -46,17 +47,17 @@ class Lane:
     def __init__(self, chain, rows, dtype, g, targets):
         self.rows = rows
         plan = chain._plan
-        self.out = [np.zeros(rows * L.out_size * (2 if L.act >= 0 else 1), dtype) for L in plan]
+        self.out = [zeros(rows * L.out_size * (2 if L.act >= 0 else 1), dtype) for L in plan]
         # Per layer with an activation, its row kernel for `dtype` and its constants
         # (`nets.registry.row`), else None.
         self.acts = [registry.row(L.layer.activation, dtype) if L.act >= 0 else None
                      for L in plan]
         widest = max([plan[0].in_size] + [L.out_size for L in plan])
-        self.cot = (np.zeros(rows * widest, dtype), np.zeros(rows * widest, dtype))
-        self.scratch = [np.zeros(max(1, int(L.layer.scratch_size(L.in_shape, rows))), dtype)
+        self.cot = (zeros(rows * widest, dtype), zeros(rows * widest, dtype))
+        self.scratch = [zeros(max(1, int(L.layer.scratch_size(L.in_shape, rows))), dtype)
                         for L in plan]
         self.g = g
-        self.x0 = np.zeros((rows, plan[0].in_size), dtype)
+        self.x0 = zeros((rows, plan[0].in_size), dtype)
         self.t0 = np.zeros((rows, max(1, targets)), dtype)
         self._program = False
 

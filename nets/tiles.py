@@ -1,0 +1,349 @@
+"""Register tiles: the inner loops of the products in `nets.gemm`, written as LLVM IR.
+
+A product loop that LLVM vectorises on its own keeps no partial sums in registers
+across the loop around it: `nets.gemm`'s cores load and store their output once every
+four taps, and on AVX-512 targets LLVM prefers 256-bit vectors. A tile instead holds a
+block of partial sums in vector registers for a whole reduction, as the micro-kernels
+of BLAS libraries do. Numba cannot name a vector type, so each tile is an intrinsic that
+writes its loop as IR, unrolled over the block by the generator here: the block's shape
+is data (`nn_tile`'s `rows` and `vecs`), not copies of source.
+
+Vectors are `lanes` elements wide: 64 bytes on a target with AVX-512 (16 float32), else
+32 (AVX2's 8), as numba targets the host (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``
+included; the disk cache keys on the same target, so a cached tile never runs on a
+narrower machine). A function holding 512-bit tiles is marked as clang marks code that
+uses 512-bit intrinsics: otherwise LLVM splits them in two on AVX-512 targets that
+prefer 256 bits. A tile reads and writes only the columns it is given (masked loads and
+stores for the last, partial vectors), so a product of any width needs no other loop.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils, config
+from numba.extending import intrinsic
+
+
+def _target_features():
+    if config.CPU_FEATURES is not None:
+        return config.CPU_FEATURES
+    import llvmlite.binding as ll
+
+    return ll.get_host_cpu_features().flatten()
+
+
+VECTOR_BYTES = 64 if "+avx512f" in _target_features().split(",") else 32
+
+
+def lanes(dtype):
+    """Elements of `dtype` in one vector register."""
+    return VECTOR_BYTES // np.dtype(dtype).itemsize
+
+
+I32, I64 = ir.IntType(32), ir.IntType(64)
+
+
+class _IR:
+    """IR helpers for one tile: vectors of `count` elements of `element`."""
+
+    def __init__(self, context, builder, dtype):
+        self.context, self.b = context, builder
+        self.element = context.get_value_type(dtype)
+        self.count = VECTOR_BYTES // (dtype.bitwidth // 8)
+        self.vty = ir.VectorType(self.element, self.count)
+        self.align = dtype.bitwidth // 8
+        self.suffix = f"v{self.count}{'f32' if dtype.bitwidth == 32 else 'f64'}"
+        if VECTOR_BYTES == 64:
+            set.add(builder.function.attributes, '"min-legal-vector-width"="512"')
+
+    def const(self, v):
+        return ir.Constant(I64, v)
+
+    def data(self, aryty, ary):
+        return self.context.make_array(aryty)(self.context, self.b, ary).data
+
+    def strides(self, aryty, ary):
+        arr = self.context.make_array(aryty)(self.context, self.b, ary)
+        return cgutils.unpack_tuple(self.b, arr.strides, aryty.ndim)
+
+    def at(self, ptr, i):
+        """Pointer to element i of the 1-D data at `ptr`."""
+        return self.b.gep(ptr, [i])
+
+    def vptr(self, ptr, i):
+        return self.b.bitcast(self.at(ptr, i), ir.PointerType(self.vty))
+
+    def mask(self, n):
+        """<count x i1>: lane l < n."""
+        b = self.b
+        iota = ir.Constant(ir.VectorType(I64, self.count), list(range(self.count)))
+        v = b.insert_element(ir.Constant(ir.VectorType(I64, self.count), None), n,
+                             ir.Constant(I32, 0))
+        v = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, self.count),
+                                               [0] * self.count))
+        return b.icmp_signed("<", iota, v)
+
+    def _intrinsic(self, name, ret, args):
+        fnty = ir.FunctionType(ret, [a.type for a in args])
+        fn = cgutils.get_or_insert_function(self.b.module, fnty, name)
+        return self.b.call(fn, args)
+
+    def load(self, ptr, i, mask=None):
+        p = self.vptr(ptr, i)
+        if mask is None:
+            return self.b.load(p, align=self.align)
+        return self._intrinsic(f"llvm.masked.load.{self.suffix}.p0", self.vty,
+                               [p, ir.Constant(I32, self.align), mask,
+                                ir.Constant(self.vty, None)])
+
+    def store(self, v, ptr, i, mask=None):
+        p = self.vptr(ptr, i)
+        if mask is None:
+            self.b.store(v, p, align=self.align)
+        else:
+            self._intrinsic(f"llvm.masked.store.{self.suffix}.p0", ir.VoidType(),
+                            [v, p, ir.Constant(I32, self.align), mask])
+
+    def splat(self, x):
+        b = self.b
+        v = b.insert_element(ir.Constant(self.vty, None), x, ir.Constant(I32, 0))
+        return b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, self.count),
+                                                  [0] * self.count))
+
+    def fma(self, a, x, y):
+        return self._intrinsic(f"llvm.fma.{self.suffix}", self.vty, [a, x, y])
+
+    def zero(self):
+        return ir.Constant(self.vty, None)
+
+    def element_at(self, ptr, byte_offset, ty=None):
+        """The scalar at `ptr` + `byte_offset` bytes (arrays with any strides), of the
+        tile's element type or `ty`."""
+        b = self.b
+        ty = self.element if ty is None else ty
+        raw = b.gep(b.bitcast(ptr, ir.PointerType(ir.IntType(8))), [byte_offset])
+        return b.load(b.bitcast(raw, ir.PointerType(ty)))
+
+
+def _literal(t):
+    return t.literal_value if isinstance(t, types.IntegerLiteral) else None
+
+
+@intrinsic
+def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, rows, vecs):
+    """C rows m .. m + rows - 1 (+)= their part of sum_k A[m, k] * window k, over the
+    next ``vecs`` vectors of columns (`n` columns left; fewer than vecs * lanes makes
+    the tile partial): the output rows are cf[c + i * cs:] (the tile adds to them),
+    window k is src[base + tap_k * step:] with tap_k = offs[k] (or k when offs is None).
+    `rows`, `vecs`: literal ints. Returns nothing; ``rows * vecs`` partial sums live in
+    registers across the sum over k."""
+    R, NV = _literal(rows), _literal(vecs)
+    if R is None or NV is None or not isinstance(A, types.Array) or A.ndim != 2:
+        return None
+    no_offs = isinstance(offs, types.NoneType)
+    dtype = src.dtype
+
+    def codegen(context, builder, sig, args):
+        cf_, c_, cs_, A_, m_, src_, offs_, base_, step_, n_ = args[:10]
+        t = _IR(context, builder, dtype)
+        b, w = builder, t.count
+        cptr, sptr = t.data(sig.args[0], cf_), t.data(sig.args[5], src_)
+        aptr = t.data(sig.args[3], A_)
+        as0, as1 = t.strides(sig.args[3], A_)
+        if not no_offs:  # (a column of the taps table: strided)
+            optr = t.data(sig.args[6], offs_)
+            (os0,) = t.strides(sig.args[6], offs_)
+        K = cgutils.unpack_tuple(b, context.make_array(sig.args[3])(context, b, A_).shape, 2)[1]
+        # the rows' A offsets in bytes: (m + i) * stride0
+        arow = [b.mul(b.add(m_, t.const(i)), as0) for i in range(R)]
+        crow = [b.add(c_, b.mul(t.const(i), cs_)) for i in range(R)]
+        masks = [t.mask(b.sub(n_, t.const(v * w))) for v in range(NV)]
+        full = b.icmp_signed(">=", n_, t.const(NV * w))
+        acc = [[cgutils.alloca_once(b, t.vty) for _ in range(NV)] for _ in range(R)]
+        with b.if_else(full, likely=True) as (whole, part):
+            for branch, use_mask in ((whole, False), (part, True)):
+                with branch:
+                    for i in range(R):
+                        for v in range(NV):
+                            mk = masks[v] if use_mask else None
+                            b.store(t.load(cptr, b.add(crow[i], t.const(v * w)), mk), acc[i][v])
+                    with cgutils.for_range(b, K) as loop:
+                        k = loop.index
+                        tap = k if no_offs else t.element_at(optr, b.mul(k, os0), I64)
+                        o = b.add(base_, b.mul(tap, step_))
+                        x = [t.load(sptr, b.add(o, t.const(v * w)), masks[v] if use_mask
+                                    else None) for v in range(NV)]
+                        ak = b.mul(k, as1)
+                        for i in range(R):
+                            s = t.splat(t.element_at(aptr, b.add(arow[i], ak)))
+                            for v in range(NV):
+                                b.store(t.fma(s, x[v], b.load(acc[i][v])), acc[i][v])
+                    for i in range(R):
+                        for v in range(NV):
+                            t.store(b.load(acc[i][v]), cptr, b.add(crow[i], t.const(v * w)),
+                                    masks[v] if use_mask else None)
+        return context.get_dummy_value()
+
+    return types.none(cf, c, cs, A, m, src, offs, base, step, n, rows, vecs), codegen
+
+
+@intrinsic
+def width(typingctx, a):
+    """`lanes` of the dtype of the array `a`, a constant of the compiled code."""
+    if not (isinstance(a, types.Array) and isinstance(a.dtype, types.Float)):
+        return None
+    count = VECTOR_BYTES // (a.dtype.bitwidth // 8)
+
+    def codegen(context, builder, sig, args):
+        return context.get_constant(types.intp, count)
+
+    return types.intp(a), codegen
+
+
+def _reduce(t, v):
+    """The sum of the lanes of v: halves added until one lane is left."""
+    b, n = t.b, t.count
+    while n > 1:
+        n //= 2
+        lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n))))
+        hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n), list(range(n, 2 * n))))
+        v = b.fadd(lo, hi)
+    return b.extract_element(v, ir.Constant(I32, 0))
+
+
+@intrinsic
+def nt_tile(typingctx, C, m, k, A, src, offs, base, lstride, step, rows, taps):
+    """C[m + i, k + t] += sum over l, j of A[m + i, l, j] * src[base + l * lstride +
+    tap_(k + t) * step + j], for i < rows, t < taps (literal ints): dot products of the
+    planes' rows with the taps' windows, ``rows * taps`` vector sums in registers over
+    every plane l and column j, reduced once at the end. A (M, L, J) has contiguous rows
+    (any other strides); tap_k = offs[k], or k when offs is None."""
+    R, T = _literal(rows), _literal(taps)
+    if R is None or T is None or not isinstance(A, types.Array) or A.ndim != 3:
+        return None
+    no_offs = isinstance(offs, types.NoneType)
+    dtype = src.dtype
+
+    def codegen(context, builder, sig, args):
+        C_, m_, k_, A_, src_, offs_, base_, lstride_, step_ = args[:9]
+        t = _IR(context, builder, dtype)
+        b, w = builder, t.count
+        cptr, sptr, aptr = (t.data(sig.args[i], args[i]) for i in (0, 4, 3))
+        cs0, cs1 = t.strides(sig.args[0], C_)
+        as0, as1, _ = t.strides(sig.args[3], A_)
+        _, L, J = cgutils.unpack_tuple(b, context.make_array(sig.args[3])(context, b, A_).shape, 3)
+        isz = t.const(dtype.bitwidth // 8)
+        if no_offs:
+            taps_ = [b.add(k_, t.const(q)) for q in range(T)]
+        else:
+            optr = t.data(sig.args[5], offs_)
+            (os0,) = t.strides(sig.args[5], offs_)
+            taps_ = [t.element_at(optr, b.mul(b.add(k_, t.const(q)), os0), I64) for q in range(T)]
+        wins = [b.add(base_, b.mul(q, step_)) for q in taps_]  # in elements
+        arow = [b.mul(b.add(m_, t.const(i)), as0) for i in range(R)]  # in bytes
+        acc = [[cgutils.alloca_once(b, t.vty) for _ in range(T)] for _ in range(R)]
+        for i in range(R):
+            for q in range(T):
+                b.store(t.zero(), acc[i][q])
+        nfull = b.sdiv(J, t.const(w))
+        left = b.sub(J, b.mul(nfull, t.const(w)))
+        tail = t.mask(left)
+
+        def body(l, j, mask):
+            lo = b.mul(l, lstride_)
+            x = [t.load(sptr, b.add(b.add(wn, lo), j), mask) for wn in wins]
+            la = b.mul(l, as1)
+            for i in range(R):
+                off = b.add(b.add(arow[i], la), b.mul(j, isz))
+                araw = b.gep(b.bitcast(aptr, ir.PointerType(ir.IntType(8))), [off])
+                a = t.load(b.bitcast(araw, ir.PointerType(t.element)), t.const(0), mask)
+                for q in range(T):
+                    b.store(t.fma(a, x[q], b.load(acc[i][q])), acc[i][q])
+
+        with cgutils.for_range(b, L) as lloop:
+            with cgutils.for_range(b, nfull) as jloop:
+                body(lloop.index, b.mul(jloop.index, t.const(w)), None)
+            with b.if_then(b.icmp_signed(">", left, t.const(0))):
+                body(lloop.index, b.mul(nfull, t.const(w)), tail)
+        for i in range(R):
+            for q in range(T):
+                off = b.add(b.mul(b.add(m_, t.const(i)), cs0),
+                            b.mul(b.add(k_, t.const(q)), cs1))
+                raw = b.gep(b.bitcast(cptr, ir.PointerType(ir.IntType(8))), [off])
+                p = b.bitcast(raw, ir.PointerType(t.element))
+                b.store(b.fadd(b.load(p), _reduce(t, b.load(acc[i][q]))), p)
+        return context.get_dummy_value()
+
+    return types.none(C, m, k, A, src, offs, base, lstride, step, rows, taps), codegen
+
+
+@intrinsic
+def tn_tile(typingctx, dst, base, offs, step, k, pair, A, bf, b0, bs, n, windows, vecs):
+    """dst[base + tap_(k + q * pair) * step:][:n'] += sum_m A[m, k + q * pair] * the next
+    ``vecs`` vectors of row m of the matrix bf[b0 + m * bs:] (`n` columns left), for
+    q < windows (literal ints; the windows must not overlap): the adjoint of `nn_tile`,
+    ``windows * vecs`` window vectors in registers over the sum on m."""
+    Q, NV = _literal(windows), _literal(vecs)
+    if Q is None or NV is None or not isinstance(A, types.Array) or A.ndim != 2:
+        return None
+    no_offs = isinstance(offs, types.NoneType)
+    dtype = dst.dtype
+
+    def codegen(context, builder, sig, args):
+        dst_, base_, offs_, step_, k_, pair_, A_, bf_, b0_, bs_, n_ = args[:11]
+        t = _IR(context, builder, dtype)
+        b, w = builder, t.count
+        dptr, aptr, bptr = (t.data(sig.args[i], args[i]) for i in (0, 6, 7))
+        as0, as1 = t.strides(sig.args[6], A_)
+        M = cgutils.unpack_tuple(b, context.make_array(sig.args[6])(context, b, A_).shape, 2)[0]
+        ks = [b.add(k_, b.mul(pair_, t.const(q))) for q in range(Q)]
+        if no_offs:
+            taps_ = ks
+        else:
+            optr = t.data(sig.args[2], offs_)
+            (os0,) = t.strides(sig.args[2], offs_)
+            taps_ = [t.element_at(optr, b.mul(kq, os0), I64) for kq in ks]
+        wins = [b.add(base_, b.mul(q, step_)) for q in taps_]
+        acols = [b.mul(kq, as1) for kq in ks]
+        masks = [t.mask(b.sub(n_, t.const(v * w))) for v in range(NV)]
+        full = b.icmp_signed(">=", n_, t.const(NV * w))
+        acc = [[cgutils.alloca_once(b, t.vty) for _ in range(NV)] for _ in range(Q)]
+        with b.if_else(full, likely=True) as (whole, part):
+            for branch, use_mask in ((whole, False), (part, True)):
+                with branch:
+                    mk = [masks[v] if use_mask else None for v in range(NV)]
+                    for q in range(Q):
+                        for v in range(NV):
+                            b.store(t.load(dptr, b.add(wins[q], t.const(v * w)), mk[v]),
+                                    acc[q][v])
+                    with cgutils.for_range(b, M) as loop:
+                        mm = loop.index
+                        row = b.add(b0_, b.mul(mm, bs_))
+                        x = [t.load(bptr, b.add(row, t.const(v * w)), mk[v]) for v in range(NV)]
+                        am = b.mul(mm, as0)
+                        for q in range(Q):
+                            s = t.splat(t.element_at(aptr, b.add(am, acols[q])))
+                            for v in range(NV):
+                                b.store(t.fma(s, x[v], b.load(acc[q][v])), acc[q][v])
+                    for q in range(Q):
+                        for v in range(NV):
+                            t.store(b.load(acc[q][v]), dptr, b.add(wins[q], t.const(v * w)),
+                                    mk[v])
+        return context.get_dummy_value()
+
+    return types.none(dst, base, offs, step, k, pair, A, bf, b0, bs, n, windows, vecs), codegen
+
+
+ALIGN = 64  # bytes: a cache line, and one AVX-512 vector
+
+
+def zeros(shape, dtype):
+    """``numpy.zeros(shape, dtype)`` starting on a 64-byte boundary. NumPy aligns to 16
+    bytes only; a vector load that straddles two cache lines costs two, and the tiles'
+    rows start where their buffers do (LeNet5's second convolution's backward pass ran
+    1.7x slower on some 16-byte offsets of its cotangent on a Xeon)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape))
+    raw = np.zeros(n * dtype.itemsize + ALIGN, np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return raw[skip:skip + n * dtype.itemsize].view(dtype).reshape(shape)
