@@ -147,21 +147,21 @@ def float32_peak(threads: int, features: str | None = None, vendor: str | None =
     """The float32 FMA peak a floor analysis divides by, for this machine class.
 
     Two FMA pipes a core (a multiply and an add pipe without FMA) on every class this
-    project runs on (Zen 3, Zen 4, Xeon
-    Scalable Gold/Platinum), each as wide as the widest vector the core executes at
-    full rate: 512 bits on an Intel core with AVX-512, 256 bits on AMD's (Zen 4 runs a
-    512-bit FMA as two 256-bit halves) and on AVX2 machines. ``code_bits`` is the width
-    LLVM vectorises our loops for: 256 on these AVX-512 targets too (LLVM prefers it
-    there), so ``code_peak_gflops`` is what the compiled kernels can reach.
+    project runs on (Zen 3, Zen 4, Xeon Scalable Gold/Platinum), each as wide as the
+    widest vector the core executes at full rate: 512 bits on an Intel core with
+    AVX-512, 256 bits on AMD's (Zen 4 runs a 512-bit FMA as two 256-bit halves) and on
+    AVX2 machines. nets' register tiles (`nets.tiles`) use the widest vectors the target
+    has; loops LLVM vectorises itself (pooling, activations) stay at 256 bits there.
 
-    The clock is ``cpu MHz`` of ``/proc/cpuinfo`` (a VM reports its nominal clock; turbo
-    is not counted). `features`, `vendor`, `mhz` default to this machine's.
+    The clock is ``cpu MHz`` of ``/proc/cpuinfo``: a VM reports its nominal clock, and a
+    core that boosts above it can exceed this "peak". `features`, `vendor`, `mhz` default
+    to this machine's.
 
     Returns
     -------
     dict
-        ``isa``, ``ghz``, ``fma_bits``, ``code_bits``, ``peak_gflops`` (the machine on
-        `threads` cores) and ``code_peak_gflops``.
+        ``isa``, ``vendor``, ``ghz``, ``fma_bits`` and ``peak_gflops`` (the machine on
+        `threads` cores).
     """
     if features is None:
         try:
@@ -180,28 +180,18 @@ def float32_peak(threads: int, features: str | None = None, vendor: str | None =
     avx512, avx2 = "+avx512f" in flags, "+avx2" in flags and "+fma" in flags
     isa = "AVX-512" if avx512 else "AVX2+FMA" if avx2 else "SSE"
     fma_bits = 512 if avx512 and vendor == "GenuineIntel" else 256 if (avx512 or avx2) else 128
-    code_bits = min(fma_bits, 256)
-    ghz = mhz / 1000
-
     per_op = 2 if (avx512 or avx2) else 1  # an FMA is two flops; without, a pipe does one
-
-    def peak(bits):
-        return 2 * (bits // 32) * per_op * ghz * threads  # 2 pipes x lanes x flops
-
+    ghz = mhz / 1000
+    peak = 2 * (fma_bits // 32) * per_op * ghz * threads  # 2 pipes x lanes x flops
     return {"isa": isa, "vendor": vendor, "ghz": ghz, "fma_bits": fma_bits,
-            "code_bits": code_bits, "peak_gflops": peak(fma_bits),
-            "code_peak_gflops": peak(code_bits)}
+            "peak_gflops": peak}
 
 
 def peak_note(peak: dict[str, Any], threads: int) -> str:
-    """One line: the instruction set found and the peaks `float32_peak` assumes."""
-    text = (f"float32 peak: {peak['isa']} ({peak['vendor'] or 'unknown vendor'}), 2 FMA pipes x "
-            f"{peak['fma_bits']} bits x {peak['ghz']:.2f} GHz x {threads} cores = "
+    """One line: the instruction set found and the peak `float32_peak` assumes."""
+    return (f"float32 peak: {peak['isa']} ({peak['vendor'] or 'unknown vendor'}), 2 FMA pipes x "
+            f"{peak['fma_bits']} bits x {peak['ghz']:.2f} GHz (nominal) x {threads} cores = "
             f"{peak['peak_gflops']:.0f} GFLOP/s")
-    if peak["code_bits"] < peak["fma_bits"]:
-        text += (f"; {peak['code_peak_gflops']:.0f} GFLOP/s at the {peak['code_bits']}-bit "
-                 "vectors LLVM compiles our loops for")
-    return text
 
 
 def _cpu_seconds() -> tuple[float, float, float]:

@@ -34,6 +34,7 @@ from .layers import (
     check_positive_int,
     torch_uniform,
 )
+from .tiles import total
 
 # Positions in `geo`: the convolution's input ("image") side, its output ("column") side,
 # kernel, stride, padding, dilation, groups.
@@ -785,10 +786,7 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
             for i in range(m):
                 v = V[n0 + i]
                 for o in range(ccol):
-                    s = zero
-                    for j in range(o * P, (o + 1) * P):
-                        s += v[j]
-                    gp[ccol * rows + o] += s
+                    gp[ccol * rows + o] += total(v, o * P, P)
         _pad_block(geo, X, n0, m, Ib)
         Z4 = Zb.reshape((G, Og, L, J))
         if want_x:
@@ -900,10 +898,7 @@ def conv_pullback_fm(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, n, scratch)
     Z = V[:ccol * P].reshape((ccol, L, geo[OW] * n))
     if has_bias:
         for o in range(ccol):
-            s = zero
-            for j in range(o * P, (o + 1) * P):
-                s += V[j]
-            gp[ccol * rows + o] += s
+            gp[ccol * rows + o] += total(V, o * P, P)
     half = fm_pad_size(geo, n) // 2
     Ib, Xb = X, Xbar
     if half:

@@ -10,6 +10,12 @@ import numpy as np
 import pytest
 
 from nets import gemm, tiles
+from nets._config import jit
+
+
+@jit
+def _total(a, i, n):
+    return tiles.total(a, i, n)
 
 # rows M: 8-, 4-, 2- and 1-row tiles and their mixes; columns J: within, at and past one
 # and two vectors of either width (8 or 16 float32, 4 or 8 float64)
@@ -128,3 +134,14 @@ def test_32_byte_tiles_on_an_avx2_target(tmp_path):
         env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "passed" in run.stdout
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_total_matches_numpy(dtype, rng):
+    """`tiles.total` (a bias gradient's sum) over runs that end inside, at and past its
+    four-vector blocks, from any start."""
+    a = rng.normal(size=300).astype(dtype)
+    for i, n in [(0, 0), (0, 1), (3, 15), (5, 16), (1, 64), (7, 100), (0, 300), (17, 283)]:
+        got = _total(a, i, n)
+        np.testing.assert_allclose(got, a[i:i + n].astype(np.float64).sum(),
+                                   rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-5)
