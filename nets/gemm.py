@@ -88,14 +88,20 @@ def gemm_nt(C, A, Bm):
 def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
     """C[m, :] (+)= sum_k A[m, k] * src[base + offs[k] * step:][:J]: a product whose k-th
     row of the right factor is a window of the 1-D `src` (rows may overlap: a
-    convolution's input read in place, without unfolding it).
+    convolution's input read in place, without unfolding it)."""
+    cf, c0, cs = _flat(C)
+    gemm_nn_flat(cf, c0, cs, _shape(C)[1], A, src, offs, base, step, accumulate)
+
+
+@jit
+def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate):
+    """`gemm_nn_rows` with its output as rows of a 1-D array: C[m, j] = cf[c0 + m * cs + j]
+    for j < J (also the fused Dense kernels' chunks, `nets.kernels`).
 
     Register tiles (`nets.tiles.nn_tile`) of 8 rows x 2 vectors where there are 32
     vector registers (AVX-512), 4 x 2 otherwise, then 2 x 4 and 1 x 4 for the rows left
     (more vectors a row keep as many independent sums in flight)."""
     M = A.shape[0]
-    J = _shape(C)[1]
-    cf, c0, cs = _flat(C)
     if not accumulate:
         for m in range(M):
             for j in range(c0 + m * cs, c0 + m * cs + J):

@@ -26,6 +26,7 @@ from numba import cfunc, from_dtype, prange, types
 from ._bits import bits_to_float
 from ._config import OPTIONS, jit, pjit
 from .activations import call_row
+from .gemm import gemm_nn_flat, gemm_nt_rows
 
 IN, OUT, ACT, WOFF, BOFF, C0, C1 = range(7)
 
@@ -91,185 +92,36 @@ def _delta_offsets(meta):
 # LLVM still inlines the small ones.
 
 
-@jit
-def _w(p, woff, nin, o, i, fresh):
-    return p[woff + o * nin + i] if fresh else p.dtype.type(0.0)
+# The three products of a layer on a chunk are `nets.gemm`'s register tiles, on the
+# chunk's rows (a feature's B samples) in place: the forward pass and the input gradient
+# as products along rows, the weight gradient as dot products over the samples.
 
 
 @jit
 def _dense_forward(p, woff, boff, nin, nout, buf, xo, zo, nb):
     """z[o, :] = b[o] + sum_i W[o, i] x[i, :] for the chunk's nb columns."""
     zero = p.dtype.type(0.0)
-    if nout < 4 or nin < 4:
-        for o in range(nout):
-            z = buf[zo + o * B: zo + o * B + nb]
-            bo = p[boff + o] if boff >= 0 else zero
-            for b in range(nb):
-                z[b] = bo
-            for i in range(nin):
-                w = p[woff + o * nin + i]
-                x = buf[xo + i * B: xo + i * B + nb]
-                for b in range(nb):
-                    z[b] += w * x[b]
-        return
-    for ob in range(0, nout, 4):
-        o = min(ob, nout - 4)
-        z = buf[zo + o * B: zo + (o + 4) * B]
-        b0 = p[boff + o] if boff >= 0 else zero
-        b1 = p[boff + o + 1] if boff >= 0 else zero
-        b2 = p[boff + o + 2] if boff >= 0 else zero
-        b3 = p[boff + o + 3] if boff >= 0 else zero
-        for ib in range(0, nin, 4):
-            i = min(ib, nin - 4)
-            x = buf[xo + i * B: xo + (i + 4) * B]
-            f0, f1, f2, f3 = i >= ib, i + 1 >= ib, i + 2 >= ib, i + 3 >= ib
-            w00 = _w(p, woff, nin, o, i, f0)
-            w01 = _w(p, woff, nin, o, i + 1, f1)
-            w02 = _w(p, woff, nin, o, i + 2, f2)
-            w03 = _w(p, woff, nin, o, i + 3, f3)
-            w10 = _w(p, woff, nin, o + 1, i, f0)
-            w11 = _w(p, woff, nin, o + 1, i + 1, f1)
-            w12 = _w(p, woff, nin, o + 1, i + 2, f2)
-            w13 = _w(p, woff, nin, o + 1, i + 3, f3)
-            w20 = _w(p, woff, nin, o + 2, i, f0)
-            w21 = _w(p, woff, nin, o + 2, i + 1, f1)
-            w22 = _w(p, woff, nin, o + 2, i + 2, f2)
-            w23 = _w(p, woff, nin, o + 2, i + 3, f3)
-            w30 = _w(p, woff, nin, o + 3, i, f0)
-            w31 = _w(p, woff, nin, o + 3, i + 1, f1)
-            w32 = _w(p, woff, nin, o + 3, i + 2, f2)
-            w33 = _w(p, woff, nin, o + 3, i + 3, f3)
-            if ib == 0:
-                for b in range(nb):
-                    a0, a1, a2, a3 = x[b], x[B + b], x[2 * B + b], x[3 * B + b]
-                    z[b] = b0 + w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
-                    z[B + b] = b1 + w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
-                    z[2 * B + b] = b2 + w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
-                    z[3 * B + b] = b3 + w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
-            else:
-                for b in range(nb):
-                    a0, a1, a2, a3 = x[b], x[B + b], x[2 * B + b], x[3 * B + b]
-                    z[b] += w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
-                    z[B + b] += w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
-                    z[2 * B + b] += w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
-                    z[3 * B + b] += w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
+    for o in range(nout):
+        bo = p[boff + o] if boff >= 0 else zero
+        for b in range(zo + o * B, zo + o * B + nb):
+            buf[b] = bo
+    W = p[woff:woff + nout * nin].reshape((nout, nin))
+    gemm_nn_flat(buf, zo, B, nb, W[:, :], buf, None, xo, B, True)
 
 
 @jit
 def _weight_grad(p, g, woff, nin, nout, buf, xo, go, nb):
     """g[W] += dz @ x^T over the chunk (reductions over samples)."""
-    zero = p.dtype.type(0.0)
-    if nout < 4 or nin < 4:
-        for o in range(nout):
-            dz = buf[go + o * B: go + o * B + nb]
-            for i in range(nin):
-                x = buf[xo + i * B: xo + i * B + nb]
-                acc = zero
-                for b in range(nb):
-                    acc += dz[b] * x[b]
-                g[woff + o * nin + i] += acc
-        return
-    for ob in range(0, nout, 4):
-        o = min(ob, nout - 4)
-        d = buf[go + o * B: go + (o + 4) * B]
-        for ib in range(0, nin, 4):
-            i = min(ib, nin - 4)
-            x = buf[xo + i * B: xo + (i + 4) * B]
-            s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = zero
-            s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = zero
-            for b in range(nb):
-                a0, a1, a2, a3 = x[b], x[B + b], x[2 * B + b], x[3 * B + b]
-                d0, d1, d2, d3 = d[b], d[B + b], d[2 * B + b], d[3 * B + b]
-                s00 += d0 * a0
-                s01 += d0 * a1
-                s02 += d0 * a2
-                s03 += d0 * a3
-                s10 += d1 * a0
-                s11 += d1 * a1
-                s12 += d1 * a2
-                s13 += d1 * a3
-                s20 += d2 * a0
-                s21 += d2 * a1
-                s22 += d2 * a2
-                s23 += d2 * a3
-                s30 += d3 * a0
-                s31 += d3 * a1
-                s32 += d3 * a2
-                s33 += d3 * a3
-            _acc_row(g, woff + o * nin + i, o >= ob, i, ib, s00, s01, s02, s03)
-            _acc_row(g, woff + (o + 1) * nin + i, o + 1 >= ob, i, ib, s10, s11, s12, s13)
-            _acc_row(g, woff + (o + 2) * nin + i, o + 2 >= ob, i, ib, s20, s21, s22, s23)
-            _acc_row(g, woff + (o + 3) * nin + i, o + 3 >= ob, i, ib, s30, s31, s32, s33)
-
-
-@jit
-def _acc_row(g, k, row_fresh, i, ib, s0, s1, s2, s3):
-    # Entries a shifted edge block shares with the previous block are skipped.
-    if row_fresh:
-        if i >= ib:
-            g[k] += s0
-        if i + 1 >= ib:
-            g[k + 1] += s1
-        if i + 2 >= ib:
-            g[k + 2] += s2
-        if i + 3 >= ib:
-            g[k + 3] += s3
+    gW = g[woff:woff + nout * nin].reshape((nout, nin))
+    dz = buf[go:go + nout * B].reshape((nout, 1, B))[:, :, :nb]
+    gemm_nt_rows(gW, dz, buf, None, xo, B, np.int64(0))
 
 
 @jit
 def _input_grad(p, woff, nin, nout, buf, go, gi, nb):
     """gx[i, :] = sum_o W[o, i] dz[o, :]."""
-    if nout < 4 or nin < 4:
-        for i in range(nin):
-            gx = buf[gi + i * B: gi + i * B + nb]
-            for b in range(nb):
-                gx[b] = 0.0
-        for o in range(nout):
-            dz = buf[go + o * B: go + o * B + nb]
-            for i in range(nin):
-                w = p[woff + o * nin + i]
-                gx = buf[gi + i * B: gi + i * B + nb]
-                for b in range(nb):
-                    gx[b] += w * dz[b]
-        return
-    for ib in range(0, nin, 4):
-        i = min(ib, nin - 4)
-        gx = buf[gi + i * B: gi + (i + 4) * B]
-        for ob in range(0, nout, 4):
-            o = min(ob, nout - 4)
-            d = buf[go + o * B: go + (o + 4) * B]
-            f0, f1, f2, f3 = o >= ob, o + 1 >= ob, o + 2 >= ob, o + 3 >= ob
-            # w_jk = W[o + k, i + j]: the transposed block.
-            w00 = _w(p, woff, nin, o, i, f0)
-            w01 = _w(p, woff, nin, o + 1, i, f1)
-            w02 = _w(p, woff, nin, o + 2, i, f2)
-            w03 = _w(p, woff, nin, o + 3, i, f3)
-            w10 = _w(p, woff, nin, o, i + 1, f0)
-            w11 = _w(p, woff, nin, o + 1, i + 1, f1)
-            w12 = _w(p, woff, nin, o + 2, i + 1, f2)
-            w13 = _w(p, woff, nin, o + 3, i + 1, f3)
-            w20 = _w(p, woff, nin, o, i + 2, f0)
-            w21 = _w(p, woff, nin, o + 1, i + 2, f1)
-            w22 = _w(p, woff, nin, o + 2, i + 2, f2)
-            w23 = _w(p, woff, nin, o + 3, i + 2, f3)
-            w30 = _w(p, woff, nin, o, i + 3, f0)
-            w31 = _w(p, woff, nin, o + 1, i + 3, f1)
-            w32 = _w(p, woff, nin, o + 2, i + 3, f2)
-            w33 = _w(p, woff, nin, o + 3, i + 3, f3)
-            if ob == 0:
-                for b in range(nb):
-                    a0, a1, a2, a3 = d[b], d[B + b], d[2 * B + b], d[3 * B + b]
-                    gx[b] = w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
-                    gx[B + b] = w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
-                    gx[2 * B + b] = w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
-                    gx[3 * B + b] = w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
-            else:
-                for b in range(nb):
-                    a0, a1, a2, a3 = d[b], d[B + b], d[2 * B + b], d[3 * B + b]
-                    gx[b] += w00 * a0 + w01 * a1 + w02 * a2 + w03 * a3
-                    gx[B + b] += w10 * a0 + w11 * a1 + w12 * a2 + w13 * a3
-                    gx[2 * B + b] += w20 * a0 + w21 * a1 + w22 * a2 + w23 * a3
-                    gx[3 * B + b] += w30 * a0 + w31 * a1 + w32 * a2 + w33 * a3
+    W = p[woff:woff + nout * nin].reshape((nout, nin))
+    gemm_nn_flat(buf, gi, B, nb, W.T, buf, None, go, B, False)
 
 
 @jit(inline="always")
