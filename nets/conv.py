@@ -756,7 +756,7 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
         for g in range(G):
             for l in range(L):
                 gemm_nn_rows((Z4[g], l), W2[g * Og:(g + 1) * Og], Ib, offs,
-                             _line_base(geo, g, l, m), m, np.bool_(False))
+                             _line_base(geo, g, l, m), m, np.bool_(False), p[:0])
         _block_rows(geo, Zb, n0, m, Y, bias, has_bias, True)
 
 
@@ -867,17 +867,13 @@ def conv_forward_fm(geo, taps, X, p, has_bias, Y, n, scratch):
         Ib = scratch[:half]
         _fm_pad(geo, X, n, Ib, False)
     Z = Y[:ccol * L * geo[OW] * n].reshape((ccol, L, geo[OW] * n))
-    zero = p.dtype.type(0.0)
-    for o in range(ccol):
-        b = p[ccol * rows + o] if has_bias else zero
-        z = Z[o].reshape(-1)
-        for j in range(z.shape[0]):
-            z[j] = b
     for g in range(G):
         Zg = Z[g * Og:(g + 1) * Og]
+        # the products start from the bias (or zero): no pass over Y of its own
+        bias = p[ccol * rows + g * Og:ccol * rows + (g + 1) * Og] if has_bias else p[:0]
         for l in range(L):
             gemm_nn_rows((Zg, l), W2[g * Og:(g + 1) * Og], Ib, offs, _line_base(geo, g, l, n),
-                         n, np.bool_(True))
+                         n, np.bool_(False), bias)
 
 
 @jit

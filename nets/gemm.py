@@ -74,7 +74,7 @@ def gemm_nn(C, A, Bm, accumulate):
     """C[m, :] (+)= sum_k A[m, k] * Bm[k, :]. Overwrites C unless `accumulate`. `Bm` is
     C-contiguous; `A` may be strided (``W.T``)."""
     gemm_nn_rows(C, A[:, :], Bm.reshape(-1), None, np.int64(0), Bm.shape[1],
-                 np.bool_(accumulate))
+                 np.bool_(accumulate), Bm[0, :0])
 
 
 @jit(inline="always")
@@ -85,16 +85,17 @@ def gemm_nt(C, A, Bm):
 
 
 @jit
-def gemm_nn_rows(C, A, src, offs, base, step, accumulate):
+def gemm_nn_rows(C, A, src, offs, base, step, accumulate, bias):
     """C[m, :] (+)= sum_k A[m, k] * src[base + offs[k] * step:][:J]: a product whose k-th
     row of the right factor is a window of the 1-D `src` (rows may overlap: a
-    convolution's input read in place, without unfolding it)."""
+    convolution's input read in place, without unfolding it). A non-empty `bias`
+    overwrites C with bias[m] + the sum (`accumulate` is then not read)."""
     cf, c0, cs = _flat(C)
-    gemm_nn_flat(cf, c0, cs, _shape(C)[1], A, src, offs, base, step, accumulate)
+    gemm_nn_flat(cf, c0, cs, _shape(C)[1], A, src, offs, base, step, accumulate, bias)
 
 
 @jit
-def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate):
+def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias):
     """`gemm_nn_rows` with its output as rows of a 1-D array: C[m, j] = cf[c0 + m * cs + j]
     for j < J (also the fused Dense kernels' chunks, `nets.kernels`).
 
@@ -102,7 +103,7 @@ def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate):
     vector registers (AVX-512), 4 x 2 otherwise, then 2 x 4 and 1 x 4 for the rows left
     (more vectors a row keep as many independent sums in flight)."""
     M = A.shape[0]
-    if not accumulate:
+    if not accumulate and bias.shape[0] == 0:
         for m in range(M):
             for j in range(c0 + m * cs, c0 + m * cs + J):
                 cf[j] = 0.0
@@ -111,19 +112,23 @@ def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate):
     if w * src.itemsize == 64:
         while M - m >= 8:
             for j in range(0, J, 2 * w):
-                nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, 8, 2)
+                nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
+                        8, 2)
             m += 8
     while M - m >= 4:
         for j in range(0, J, 2 * w):
-            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, 4, 2)
+            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
+                        4, 2)
         m += 4
     if M - m >= 2:
         for j in range(0, J, 4 * w):
-            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, 2, 4)
+            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
+                        2, 4)
         m += 2
     if M - m >= 1:
         for j in range(0, J, 4 * w):
-            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, 1, 4)
+            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
+                        1, 4)
 
 
 @jit

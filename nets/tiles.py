@@ -130,21 +130,25 @@ def _literal(t):
 
 
 @intrinsic
-def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, rows, vecs):
+def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, rows, vecs):
     """C rows m .. m + rows - 1 (+)= their part of sum_k A[m, k] * window k, over the
     next ``vecs`` vectors of columns (`n` columns left; fewer than vecs * lanes makes
     the tile partial): the output rows are cf[c + i * cs:] (the tile adds to them),
     window k is src[base + tap_k * step:] with tap_k = offs[k] (or k when offs is None).
-    `rows`, `vecs`: literal ints. Returns nothing; ``rows * vecs`` partial sums live in
-    registers across the sum over k."""
+    A non-empty `bias` starts row i's sums at bias[m + i] instead of the rows' values (a
+    layer's forward pass: no pass of its own to fill the output). `rows`, `vecs`:
+    literal ints. Returns nothing; ``rows * vecs`` partial sums live in registers across
+    the sum over k."""
     R, NV = _literal(rows), _literal(vecs)
     if R is None or NV is None or not isinstance(A, types.Array) or A.ndim != 2:
+        return None
+    if not (isinstance(bias, types.Array) and bias.ndim == 1 and bias.layout == "C"):
         return None
     no_offs = isinstance(offs, types.NoneType)
     dtype = src.dtype
 
     def codegen(context, builder, sig, args):
-        cf_, c_, cs_, A_, m_, src_, offs_, base_, step_, n_ = args[:10]
+        cf_, c_, cs_, A_, m_, src_, offs_, base_, step_, n_, bias_ = args[:11]
         t = _IR(context, builder, dtype)
         b, w = builder, t.count
         cptr, sptr = t.data(sig.args[0], cf_), t.data(sig.args[5], src_)
@@ -160,13 +164,25 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, rows, vecs):
         masks = [t.mask(b.sub(n_, t.const(v * w))) for v in range(NV)]
         full = b.icmp_signed(">=", n_, t.const(NV * w))
         acc = [[cgutils.alloca_once(b, t.vty) for _ in range(NV)] for _ in range(R)]
+        bptr = t.data(sig.args[10], bias_)
+        nbias = cgutils.unpack_tuple(b, context.make_array(sig.args[10])(context, b, bias_).shape,
+                                     1)[0]
+        from_bias = b.icmp_signed(">", nbias, t.const(0))
         with b.if_else(full, likely=True) as (whole, part):
             for branch, use_mask in ((whole, False), (part, True)):
                 with branch:
-                    for i in range(R):
-                        for v in range(NV):
-                            mk = masks[v] if use_mask else None
-                            b.store(t.load(cptr, b.add(crow[i], t.const(v * w)), mk), acc[i][v])
+                    with b.if_else(from_bias) as (start_bias, start_rows):
+                        with start_bias:
+                            for i in range(R):
+                                s0 = t.splat(b.load(t.at(bptr, b.add(m_, t.const(i)))))
+                                for v in range(NV):
+                                    b.store(s0, acc[i][v])
+                        with start_rows:
+                            for i in range(R):
+                                for v in range(NV):
+                                    mk = masks[v] if use_mask else None
+                                    b.store(t.load(cptr, b.add(crow[i], t.const(v * w)), mk),
+                                            acc[i][v])
                     with cgutils.for_range(b, K) as loop:
                         k = loop.index
                         tap = k if no_offs else t.element_at(optr, b.mul(k, os0), I64)
@@ -184,7 +200,7 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, rows, vecs):
                                     masks[v] if use_mask else None)
         return context.get_dummy_value()
 
-    return types.none(cf, c, cs, A, m, src, offs, base, step, n, rows, vecs), codegen
+    return types.none(cf, c, cs, A, m, src, offs, base, step, n, bias, rows, vecs), codegen
 
 
 @intrinsic

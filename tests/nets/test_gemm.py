@@ -64,15 +64,20 @@ def test_window_cores_match_numpy(M, K, J, dtype, rng):
     A = rng.normal(size=(M, K)).astype(dtype)
     C0 = rng.normal(size=(M, J)).astype(dtype)
     C = C0.copy()
-    gemm.gemm_nn_rows(C, A, src, offs, base, step, True)
+    none = src[:0]
+    gemm.gemm_nn_rows(C, A, src, offs, base, step, True, none)
     np.testing.assert_allclose(C, C0 + A @ rows, **tol)
-    gemm.gemm_nn_rows(C, A, src, offs, base, step, False)
+    gemm.gemm_nn_rows(C, A, src, offs, base, step, False, none)
     np.testing.assert_allclose(C, A @ rows, **tol)
+    bias = rng.normal(size=M).astype(dtype)  # overwrites, whatever `accumulate`
+    for accumulate in (True, False):
+        gemm.gemm_nn_rows(C, A, src, offs, base, step, accumulate, bias)
+        np.testing.assert_allclose(C, bias[:, None] + A @ rows, **tol)
     # a plane (Z, l) as the output, its neighbours untouched
     Z3 = rng.normal(size=(M, 3, J)).astype(dtype)
     want = Z3.copy()
     want[:, 1] = A @ rows
-    gemm.gemm_nn_rows((Z3, np.int64(1)), A, src, offs, base, step, False)
+    gemm.gemm_nn_rows((Z3, np.int64(1)), A, src, offs, base, step, False, none)
     np.testing.assert_allclose(Z3, want, **tol)
     Z = rng.normal(size=(M, J)).astype(dtype)
     G0 = rng.normal(size=(M, K)).astype(dtype)
