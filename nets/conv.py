@@ -520,7 +520,7 @@ def _per_sample(geo, transposed):
     if not transposed and geo[SW] == 1:
         padded = geo[CI] * (geo[ID] + 2 * geo[PD]) * (geo[IH] + 2 * geo[PH]) \
             * (geo[IW] + 2 * geo[PW])
-        return 2 * padded + geo[CO] * P
+        return 2 * padded + geo[CO] * P + geo[CO] // geo[GR] * geo[OW]  # (the last: `pack`)
     return (rows + geo[CO]) * P
 
 
@@ -718,10 +718,14 @@ def _block_rows(geo, Zb, n0, m, Y, bias, has_bias, to_rows):
 
 @jit
 def _direct_blocks(geo, scratch, m):
-    """A block's buffers: Ib, its cotangent Xb (both padded images), and Zb."""
+    """A block's buffers: Ib, its cotangent Xb (both padded images), Zb, and room for a
+    plane of Zb (`gemm_tn_rows`' pack)."""
     SP = geo[CI] * (geo[ID] + 2 * geo[PD]) * (geo[IH] + 2 * geo[PH]) * (geo[IW] + 2 * geo[PW])
     nz = geo[CO] * geo[OD] * geo[OH] * geo[OW] * m
-    return scratch[:SP * m], scratch[SP * m:2 * SP * m], scratch[2 * SP * m:2 * SP * m + nz]
+    z0 = 2 * SP * m
+    pk = geo[CO] // geo[GR] * geo[OW] * m
+    return (scratch[:SP * m], scratch[SP * m:z0], scratch[z0:z0 + nz],
+            scratch[z0 + nz:z0 + nz + pk])
 
 
 @jit(inline="always")
@@ -750,7 +754,7 @@ def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
     for n0 in range(0, N, nb):
         m = min(nb, N - n0)
         J = geo[OW] * m
-        Ib, Xb, Zb = _direct_blocks(geo, scratch, m)
+        Ib, Xb, Zb, _ = _direct_blocks(geo, scratch, m)
         _pad_block(geo, X, n0, m, Ib)
         Z4 = Zb.reshape((G, Og, L, J))
         for g in range(G):
@@ -780,7 +784,7 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
     for n0 in range(0, N, nb):
         m = min(nb, N - n0)
         J = geo[OW] * m
-        Ib, Xb, Zb = _direct_blocks(geo, scratch, m)
+        Ib, Xb, Zb, pack = _direct_blocks(geo, scratch, m)
         _block_rows(geo, Zb, n0, m, V, gp, False, False)  # (the bias is not read)
         if has_bias:
             for i in range(m):
@@ -801,7 +805,7 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
             if want_x:
                 for l in range(L):
                     gemm_tn_rows(Xb, _line_base(geo, g, l, m), offs, m, W2[g * Og:(g + 1) * Og],
-                                 (Z4[g], l), geo[KW])
+                                 (Z4[g], l), geo[KW], pack)
         if want_x:
             _unpad_block(geo, Xb, n0, m, Xbar)
 
@@ -813,6 +817,13 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
 # sample i at f * n + i, for n samples). An unpadded input is then the block Ib itself,
 # and each output row of the product is a plane of the output (`nets.gemm`'s planes):
 # no conversion from or to rows. Padding is copied in runs of a row's W * n.
+
+
+@jit
+def fm_scratch_size(geo, n):
+    """Scratch the feature-major kernels need for n samples: the padded input and its
+    cotangent (`fm_pad_size`), then room for one output plane (`gemm_tn_rows`' pack)."""
+    return fm_pad_size(geo, n) + geo[CO] // geo[GR] * geo[OW] * n
 
 
 @jit
@@ -852,7 +863,7 @@ def _fm_pad(geo, X, n, Ib, unpad):
 @jit
 def conv_forward_fm(geo, taps, X, p, has_bias, Y, n, scratch):
     """Y = conv(X) for n samples held feature-major (flat, samples innermost), a `Conv`
-    on the direct path (`_direct`); Y overwritten, `scratch` (`fm_pad_size`) holds the
+    on the direct path (`_direct`); Y overwritten, `scratch` (`fm_scratch_size`) holds the
     padded input, kept for `conv_pullback_fm`."""
     G = geo[GR]
     ccol = geo[CO]
@@ -912,7 +923,7 @@ def conv_pullback_fm(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, n, scratch)
         if want_x:
             for l in range(L):
                 gemm_tn_rows(Xb, _line_base(geo, g, l, n), offs, n, W2[g * Og:(g + 1) * Og],
-                             (Zg, l), geo[KW])
+                             (Zg, l), geo[KW], scratch[2 * half:2 * half + Og * geo[OW] * n])
     if want_x and half:
         _fm_pad(geo, Xbar, n, Xb, True)
 
@@ -938,4 +949,4 @@ def conv_pullback(geo, taps, transposed, X, p, has_bias, V, Xbar, want_x, gp, sc
 
 
 __all__ = ["Conv", "ConvTranspose", "conv_forward", "conv_pullback", "conv_forward_fm",
-           "conv_pullback_fm", "fm_pad_size", "scratch_size"]
+           "conv_pullback_fm", "fm_pad_size", "fm_scratch_size", "scratch_size"]

@@ -41,7 +41,7 @@ from .conv import (
     conv_forward_fm,
     conv_pullback,
     conv_pullback_fm,
-    fm_pad_size,
+    fm_scratch_size,
 )
 from .kernels import LOGITCE, SQUARED, optimizer_step, penalize
 from .layers import CONV, DENSE, POOL
@@ -94,7 +94,8 @@ class Program:
         rows = lane.rows
         for l, k in enumerate(kernels):
             if k.kind == CONV and _direct.py_func(k.geo, k.transposed):
-                scratch[l] = zeros(max(1, int(fm_pad_size.py_func(k.geo, rows))), lane.x0.dtype)
+                scratch[l] = zeros(max(1, int(fm_scratch_size.py_func(k.geo, rows))),
+                                   lane.x0.dtype)
             elif k.kind == POOL and fm_pool_ok(k.geo):
                 scratch[l] = np.zeros(rows, lane.x0.dtype)
             else:

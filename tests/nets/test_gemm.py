@@ -90,14 +90,23 @@ def test_window_cores_match_numpy(M, K, J, dtype, rng):
     want = dst0.astype(np.float64)
     for k, o in enumerate(offs):
         want[base + o * step:base + o * step + J] += A[:, k] @ Z
+    packs = (src[:0], np.full(M * J + 3, np.nan, dtype))  # none, or room for Z's rows
     for pair in (1, 2, 3, K):
+        for pack in packs:
+            dst = dst0.copy()
+            gemm.gemm_tn_rows(dst, base, offs, step, A, Z, pair, pack)
+            np.testing.assert_allclose(dst, want, **tol)
+    # Z as a plane (Z3, l) whose rows lie a plane apart
+    Z3 = rng.normal(size=(M, 2, J)).astype(dtype)
+    Z3[:, 1] = Z
+    for pack in packs:
         dst = dst0.copy()
-        gemm.gemm_tn_rows(dst, base, offs, step, A, Z, pair)
+        gemm.gemm_tn_rows(dst, base, offs, step, A, (Z3, np.int64(1)), 2, pack)
         np.testing.assert_allclose(dst, want, **tol)
     # and it is the adjoint of gemm_nn_rows: <A rows, Z> == <src, tn(A, Z)>
     lhs = np.sum((A @ rows) * Z)
     tn = np.zeros_like(src)
-    gemm.gemm_tn_rows(tn, base, offs, step, A, Z, 2)
+    gemm.gemm_tn_rows(tn, base, offs, step, A, Z, 2, src[:0])
     np.testing.assert_allclose(lhs, src.astype(np.float64) @ tn, rtol=tol["rtol"])
 
 
