@@ -111,24 +111,24 @@ def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias):
     m = M - M
     if w * src.itemsize == 64:
         while M - m >= 8:
-            for j in range(0, J, 2 * w):
-                nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
-                        8, 2)
+            _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 8, 2, w)
             m += 8
     while M - m >= 4:
-        for j in range(0, J, 2 * w):
-            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
-                        4, 2)
+        _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 4, 2, w)
         m += 4
     if M - m >= 2:
-        for j in range(0, J, 4 * w):
-            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
-                        2, 4)
+        _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 2, 4, w)
         m += 2
     if M - m >= 1:
-        for j in range(0, J, 4 * w):
-            nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
-                        1, 4)
+        _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 1, 4, w)
+
+
+@jit(inline="always")  # inlined where rows and vecs are constants: the tile's literal shape
+def _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, rows, vecs, w):
+    """Rows m .. m + rows - 1 of `gemm_nn_flat`, tile after tile along the columns."""
+    for j in range(0, J, vecs * w):
+        nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias, rows,
+                vecs)
 
 
 @jit
@@ -142,27 +142,27 @@ def gemm_nt_rows(C, A, src, offs, base, step, lstride):
     registers, 2 x 4 otherwise (sixteen, or eight, sums with the rows they read), summed
     over every plane and column before one reduction each."""
     M = A.shape[0]
-    K = C.shape[1]
-    K4 = K - K % 4
     m = M - M
     if width(src) * src.itemsize == 64:
         while M - m >= 4:
-            for k in range(0, K4, 4):
-                nt_tile(C, m, k, A, src, offs, base, lstride, step, 4, 4)
-            for k in range(K4, K):
-                nt_tile(C, m, k, A, src, offs, base, lstride, step, 4, 1)
+            _nt_band(C, m, A, src, offs, base, lstride, step, 4)
             m += 4
     while M - m >= 2:
-        for k in range(0, K4, 4):
-            nt_tile(C, m, k, A, src, offs, base, lstride, step, 2, 4)
-        for k in range(K4, K):
-            nt_tile(C, m, k, A, src, offs, base, lstride, step, 2, 1)
+        _nt_band(C, m, A, src, offs, base, lstride, step, 2)
         m += 2
     if M - m >= 1:
-        for k in range(0, K4, 4):
-            nt_tile(C, m, k, A, src, offs, base, lstride, step, 1, 4)
-        for k in range(K4, K):
-            nt_tile(C, m, k, A, src, offs, base, lstride, step, 1, 1)
+        _nt_band(C, m, A, src, offs, base, lstride, step, 1)
+
+
+@jit(inline="always")  # inlined where rows is a constant: the tile's literal shape
+def _nt_band(C, m, A, src, offs, base, lstride, step, rows):
+    """Rows m .. m + rows - 1 of `gemm_nt_rows`: four taps a tile, then one."""
+    K = C.shape[1]
+    K4 = K - K % 4
+    for k in range(0, K4, 4):
+        nt_tile(C, m, k, A, src, offs, base, lstride, step, rows, 4)
+    for k in range(K4, K):
+        nt_tile(C, m, k, A, src, offs, base, lstride, step, rows, 1)
 
 
 @jit

@@ -116,6 +116,14 @@ class _IR:
     def zero(self):
         return ir.Constant(self.vty, None)
 
+    def tap(self, offs_type, offs, k):
+        """Where window k starts, in steps: offs[k] (a column of a convolution's taps
+        table, so any stride), or k itself when offs is None."""
+        if isinstance(offs_type, types.NoneType):
+            return k
+        (stride,) = self.strides(offs_type, offs)
+        return self.element_at(self.data(offs_type, offs), self.b.mul(k, stride), I64)
+
     def element_at(self, ptr, byte_offset, ty=None):
         """The scalar at `ptr` + `byte_offset` bytes (arrays with any strides), of the
         tile's element type or `ty`."""
@@ -144,7 +152,6 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, rows, ve
         return None
     if not (isinstance(bias, types.Array) and bias.ndim == 1 and bias.layout == "C"):
         return None
-    no_offs = isinstance(offs, types.NoneType)
     dtype = src.dtype
 
     def codegen(context, builder, sig, args):
@@ -154,9 +161,6 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, rows, ve
         cptr, sptr = t.data(sig.args[0], cf_), t.data(sig.args[5], src_)
         aptr = t.data(sig.args[3], A_)
         as0, as1 = t.strides(sig.args[3], A_)
-        if not no_offs:  # (a column of the taps table: strided)
-            optr = t.data(sig.args[6], offs_)
-            (os0,) = t.strides(sig.args[6], offs_)
         K = cgutils.unpack_tuple(b, context.make_array(sig.args[3])(context, b, A_).shape, 2)[1]
         # the rows' A offsets in bytes: (m + i) * stride0
         arow = [b.mul(b.add(m_, t.const(i)), as0) for i in range(R)]
@@ -185,7 +189,7 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, rows, ve
                                             acc[i][v])
                     with cgutils.for_range(b, K) as loop:
                         k = loop.index
-                        tap = k if no_offs else t.element_at(optr, b.mul(k, os0), I64)
+                        tap = t.tap(sig.args[6], offs_, k)
                         o = b.add(base_, b.mul(tap, step_))
                         x = [t.load(sptr, b.add(o, t.const(v * w)), masks[v] if use_mask
                                     else None) for v in range(NV)]
@@ -237,7 +241,6 @@ def nt_tile(typingctx, C, m, k, A, src, offs, base, lstride, step, rows, taps):
     R, T = _literal(rows), _literal(taps)
     if R is None or T is None or not isinstance(A, types.Array) or A.ndim != 3:
         return None
-    no_offs = isinstance(offs, types.NoneType)
     dtype = src.dtype
 
     def codegen(context, builder, sig, args):
@@ -249,12 +252,7 @@ def nt_tile(typingctx, C, m, k, A, src, offs, base, lstride, step, rows, taps):
         as0, as1, _ = t.strides(sig.args[3], A_)
         _, L, J = cgutils.unpack_tuple(b, context.make_array(sig.args[3])(context, b, A_).shape, 3)
         isz = t.const(dtype.bitwidth // 8)
-        if no_offs:
-            taps_ = [b.add(k_, t.const(q)) for q in range(T)]
-        else:
-            optr = t.data(sig.args[5], offs_)
-            (os0,) = t.strides(sig.args[5], offs_)
-            taps_ = [t.element_at(optr, b.mul(b.add(k_, t.const(q)), os0), I64) for q in range(T)]
+        taps_ = [t.tap(sig.args[5], offs_, b.add(k_, t.const(q))) for q in range(T)]
         wins = [b.add(base_, b.mul(q, step_)) for q in taps_]  # in elements
         arow = [b.mul(b.add(m_, t.const(i)), as0) for i in range(R)]  # in bytes
         acc = [[cgutils.alloca_once(b, t.vty) for _ in range(T)] for _ in range(R)]
@@ -302,7 +300,6 @@ def tn_tile(typingctx, dst, base, offs, step, k, pair, A, bf, b0, bs, n, windows
     Q, NV = _literal(windows), _literal(vecs)
     if Q is None or NV is None or not isinstance(A, types.Array) or A.ndim != 2:
         return None
-    no_offs = isinstance(offs, types.NoneType)
     dtype = dst.dtype
 
     def codegen(context, builder, sig, args):
@@ -313,12 +310,7 @@ def tn_tile(typingctx, dst, base, offs, step, k, pair, A, bf, b0, bs, n, windows
         as0, as1 = t.strides(sig.args[6], A_)
         M = cgutils.unpack_tuple(b, context.make_array(sig.args[6])(context, b, A_).shape, 2)[0]
         ks = [b.add(k_, b.mul(pair_, t.const(q))) for q in range(Q)]
-        if no_offs:
-            taps_ = ks
-        else:
-            optr = t.data(sig.args[2], offs_)
-            (os0,) = t.strides(sig.args[2], offs_)
-            taps_ = [t.element_at(optr, b.mul(kq, os0), I64) for kq in ks]
+        taps_ = [t.tap(sig.args[2], offs_, kq) for kq in ks]
         wins = [b.add(base_, b.mul(q, step_)) for q in taps_]
         acols = [b.mul(kq, as1) for kq in ks]
         masks = [t.mask(b.sub(n_, t.const(v * w))) for v in range(NV)]
