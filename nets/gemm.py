@@ -177,8 +177,8 @@ def gemm_tn_rows(dst, base, offs, step, A, Bm, pair, pack):
     Every pair of taps reads all of Bm's rows again. A plane's rows are often a multiple
     of 4 KiB apart (LeNet5's second convolution: 8 KiB), so that they fall in the same
     few sets of L1 and evict each other; with room for them in `pack` (M * J elements,
-    else an empty array) they are copied there side by side first (conv2's input
-    gradient 100 -> 150 GFLOP/s on a Xeon, the copy included)."""
+    else an empty array) they are copied there side by side first: the copy costs
+    far less than the misses (README, `lenet5`)."""
     M, K = A.shape
     J = _shape(Bm)[1]
     bf, b0, bs = _flat(Bm)

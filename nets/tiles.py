@@ -348,8 +348,8 @@ ALIGN = 64  # bytes: a cache line, and one AVX-512 vector
 def zeros(shape, dtype):
     """``numpy.zeros(shape, dtype)`` starting on a 64-byte boundary. NumPy aligns to 16
     bytes only; a vector load that straddles two cache lines costs two, and the tiles'
-    rows start where their buffers do (LeNet5's second convolution's backward pass ran
-    1.7x slower on some 16-byte offsets of its cotangent on a Xeon)."""
+    rows start where their buffers do (README, `lenet5`: LeNet5's second convolution's
+    backward pass on misaligned buffers)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape))
     raw = np.zeros(n * dtype.itemsize + ALIGN, np.uint8)
