@@ -103,32 +103,28 @@ def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias):
     vector registers (AVX-512), 4 x 2 otherwise, then 2 x 4 and 1 x 4 for the rows left
     (more vectors a row keep as many independent sums in flight)."""
     M = A.shape[0]
-    if not accumulate and bias.shape[0] == 0:
-        for m in range(M):
-            for j in range(c0 + m * cs, c0 + m * cs + J):
-                cf[j] = 0.0
     w = width(src)
     m = M - M
     if w * src.itemsize == 64:
         while M - m >= 8:
-            _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 8, 2, w)
+            _nn_band(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias, m, 8, 2, w)
             m += 8
     while M - m >= 4:
-        _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 4, 2, w)
+        _nn_band(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias, m, 4, 2, w)
         m += 4
     if M - m >= 2:
-        _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 2, 4, w)
+        _nn_band(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias, m, 2, 4, w)
         m += 2
     if M - m >= 1:
-        _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, 1, 4, w)
+        _nn_band(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias, m, 1, 4, w)
 
 
 @jit(inline="always")  # inlined where rows and vecs are constants: the tile's literal shape
-def _nn_band(cf, c0, cs, J, A, src, offs, base, step, bias, m, rows, vecs, w):
+def _nn_band(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias, m, rows, vecs, w):
     """Rows m .. m + rows - 1 of `gemm_nn_flat`, tile after tile along the columns."""
     for j in range(0, J, vecs * w):
-        nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias, rows,
-                vecs)
+        nn_tile(cf, c0 + m * cs + j, cs, A, m, src, offs, base + j, step, J - j, bias,
+                accumulate, rows, vecs)
 
 
 @jit

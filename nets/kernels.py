@@ -102,7 +102,7 @@ def _dense_forward(p, woff, boff, nin, nout, buf, xo, zo, nb):
     """z[o, :] = b[o] + sum_i W[o, i] x[i, :] for the chunk's nb columns."""
     W = p[woff:woff + nout * nin].reshape((nout, nin))
     bias = p[boff:boff + nout] if boff >= 0 else p[:0]
-    gemm_nn_flat(buf, zo, B, nb, W[:, :], buf, None, xo, B, False, bias)
+    gemm_nn_flat(buf, zo, B, nb, W[:, :], buf, None, xo, B, np.bool_(False), bias)
 
 
 @jit
@@ -117,7 +117,7 @@ def _weight_grad(p, g, woff, nin, nout, buf, xo, go, nb):
 def _input_grad(p, woff, nin, nout, buf, go, gi, nb):
     """gx[i, :] = sum_o W[o, i] dz[o, :]."""
     W = p[woff:woff + nout * nin].reshape((nout, nin))
-    gemm_nn_flat(buf, gi, B, nb, W.T, buf, None, go, B, False, p[:0])
+    gemm_nn_flat(buf, gi, B, nb, W.T, buf, None, go, B, np.bool_(False), p[:0])
 
 
 @jit(inline="always")

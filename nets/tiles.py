@@ -138,24 +138,27 @@ def _literal(t):
 
 
 @intrinsic
-def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, rows, vecs):
+def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, accumulate, rows,
+            vecs):
     """C rows m .. m + rows - 1 (+)= their part of sum_k A[m, k] * window k, over the
     next ``vecs`` vectors of columns (`n` columns left; fewer than vecs * lanes makes
     the tile partial): the output rows are cf[c + i * cs:] (the tile adds to them),
     window k is src[base + tap_k * step:] with tap_k = offs[k] (or k when offs is None).
-    A non-empty `bias` starts row i's sums at bias[m + i] instead of the rows' values (a
-    layer's forward pass: no pass of its own to fill the output). `rows`, `vecs`:
-    literal ints. Returns nothing; ``rows * vecs`` partial sums live in registers across
-    the sum over k."""
+    The sums start at the rows' values if `accumulate`, else at zero, or, with a
+    non-empty `bias`, at bias[m + i] (a layer's forward pass: no pass of its own to fill
+    the output). `rows`, `vecs`: literal ints. Returns nothing; ``rows * vecs`` partial
+    sums live in registers across the sum over k: C is read at most once, written once."""
     R, NV = _literal(rows), _literal(vecs)
     if R is None or NV is None or not isinstance(A, types.Array) or A.ndim != 2:
         return None
     if not (isinstance(bias, types.Array) and bias.ndim == 1 and bias.layout == "C"):
         return None
+    if not isinstance(accumulate, types.Boolean):
+        return None
     dtype = src.dtype
 
     def codegen(context, builder, sig, args):
-        cf_, c_, cs_, A_, m_, src_, offs_, base_, step_, n_, bias_ = args[:11]
+        cf_, c_, cs_, A_, m_, src_, offs_, base_, step_, n_, bias_, accumulate_ = args[:12]
         t = _IR(context, builder, dtype)
         b, w = builder, t.count
         cptr, sptr = t.data(sig.args[0], cf_), t.data(sig.args[5], src_)
@@ -181,12 +184,17 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, rows, ve
                                 s0 = t.splat(b.load(t.at(bptr, b.add(m_, t.const(i)))))
                                 for v in range(NV):
                                     b.store(s0, acc[i][v])
-                        with start_rows:
-                            for i in range(R):
-                                for v in range(NV):
-                                    mk = masks[v] if use_mask else None
-                                    b.store(t.load(cptr, b.add(crow[i], t.const(v * w)), mk),
-                                            acc[i][v])
+                        with start_rows, b.if_else(accumulate_) as (from_rows, from_zero):
+                            with from_rows:
+                                for i in range(R):
+                                    for v in range(NV):
+                                        mk = masks[v] if use_mask else None
+                                        b.store(t.load(cptr, b.add(crow[i], t.const(v * w)),
+                                                       mk), acc[i][v])
+                            with from_zero:
+                                for i in range(R):
+                                    for v in range(NV):
+                                        b.store(t.zero(), acc[i][v])
                     with cgutils.for_range(b, K) as loop:
                         k = loop.index
                         tap = t.tap(sig.args[6], offs_, k)
@@ -204,7 +212,8 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, rows, ve
                                     masks[v] if use_mask else None)
         return context.get_dummy_value()
 
-    return types.none(cf, c, cs, A, m, src, offs, base, step, n, bias, rows, vecs), codegen
+    return (types.none(cf, c, cs, A, m, src, offs, base, step, n, bias, accumulate, rows,
+                       vecs), codegen)
 
 
 @intrinsic
