@@ -1,20 +1,22 @@
 """Register tiles: the inner loops of the products in `nets.gemm`, written as LLVM IR.
 
 A product loop that LLVM vectorises on its own keeps no partial sums in registers
-across the loop around it: `nets.gemm`'s cores load and store their output once every
-four taps, and on AVX-512 targets LLVM prefers 256-bit vectors. A tile instead holds a
-block of partial sums in vector registers for a whole reduction, as the micro-kernels
-of BLAS libraries do. Numba cannot name a vector type, so each tile is an intrinsic that
-writes its loop as IR, unrolled over the block by the generator here: the block's shape
-is data (`nn_tile`'s `rows` and `vecs`), not copies of source.
+across the loop around it (`nets.gemm`'s cores, written that way, loaded and stored
+their output once every four taps), and on AVX-512 targets LLVM prefers 256-bit
+vectors. A tile instead holds a block of partial sums in vector registers for a whole
+reduction, as the micro-kernels of BLAS libraries do. Numba cannot name a vector type,
+so each tile is an intrinsic that writes its loop as IR, unrolled over the block by the
+generator here: the block's shape is data (`nn_tile`'s `rows` and `vecs`), not copies
+of source.
 
-Vectors are `lanes` elements wide: 64 bytes on a target with AVX-512 (16 float32), else
-32 (AVX2's 8), as numba targets the host (``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``
-included; the disk cache keys on the same target, so a cached tile never runs on a
-narrower machine). A function holding 512-bit tiles is marked as clang marks code that
-uses 512-bit intrinsics: otherwise LLVM splits them in two on AVX-512 targets that
-prefer 256 bits. A tile reads and writes only the columns it is given (masked loads and
-stores for the last, partial vectors), so a product of any width needs no other loop.
+Vectors are `VECTOR_BYTES` wide (`width` in compiled code): 64 bytes on a target with
+AVX-512 (16 float32), else 32 (AVX2's 8), as numba targets the host (``NUMBA_CPU_NAME``
+and ``NUMBA_CPU_FEATURES`` included; the disk cache keys on the same target, so a
+cached tile never runs on a narrower machine). A function holding 512-bit tiles is
+marked as clang marks code that uses 512-bit intrinsics: otherwise LLVM splits them in
+two on AVX-512 targets that prefer 256 bits. A tile reads and writes only the columns
+it is given (masked loads and stores for the last, partial vectors), so a product of
+any width needs no other loop.
 """
 
 import numpy as np
@@ -33,11 +35,6 @@ def _target_features():
 
 
 VECTOR_BYTES = 64 if "+avx512f" in _target_features().split(",") else 32
-
-
-def lanes(dtype):
-    """Elements of `dtype` in one vector register."""
-    return VECTOR_BYTES // np.dtype(dtype).itemsize
 
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
@@ -218,7 +215,8 @@ def nn_tile(typingctx, cf, c, cs, A, m, src, offs, base, step, n, bias, accumula
 
 @intrinsic
 def width(typingctx, a):
-    """`lanes` of the dtype of the array `a`, a constant of the compiled code."""
+    """Elements of the dtype of the array `a` in one vector, a constant of the compiled
+    code."""
     if not (isinstance(a, types.Array) and isinstance(a.dtype, types.Float)):
         return None
     count = VECTOR_BYTES // (a.dtype.bitwidth // 8)
