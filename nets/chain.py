@@ -19,6 +19,7 @@ import numpy as np
 from . import kernels, layerwise, registry
 from ._checks import as_float_array, check_out, check_params
 from .layers import Dense, Layer
+from .tiles import zeros
 
 
 class LayerParams(Mapping):
@@ -82,7 +83,7 @@ class Workspace:
         self.batch = int(batch)
         k = chain._kernels
         meta = chain._meta(self.dtype)
-        self.buf = np.zeros(int(k["chunk_size"](meta)), dtype=self.dtype)
+        self.buf = zeros(int(k["chunk_size"](meta)), self.dtype)  # (aligned for the tiles)
         # One sample (1-D x) runs the matrix-vector kernels on this small scratch.
         self.buf1 = np.zeros(int(k["sample_size"](meta)), dtype=self.dtype)
 

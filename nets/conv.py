@@ -739,51 +739,33 @@ def _line_base(geo, g, l, m):
 
 @jit
 def _direct_forward(geo, taps, X, p, has_bias, Y, scratch):
-    """`conv_forward` of a `Conv` with stride 1 along W: per block and output row, one
-    product of the weights with the taps' windows of the padded block."""
-    G = geo[GR]
+    """`conv_forward` of a `Conv` with stride 1 along W: per block, the products of
+    `_direct_products` on the padded block, then into rows with the bias."""
     ccol = geo[CO]
-    Og = ccol // G
-    rows = taps.shape[0]
     L = geo[OD] * geo[OH]
-    W2 = p[:ccol * rows].reshape((ccol, rows))
-    bias = p[ccol * rows:]
-    offs = taps[:, 7]
+    bias = p[ccol * taps.shape[0]:]
     N = X.shape[0]
     nb = max(1, min(N, scratch.shape[0] // _per_sample(geo, False)))
     for n0 in range(0, N, nb):
         m = min(nb, N - n0)
-        J = geo[OW] * m
-        Ib, Xb, Zb, _ = _direct_blocks(geo, scratch, m)
+        Ib, _, Zb, _ = _direct_blocks(geo, scratch, m)
         _pad_block(geo, X, n0, m, Ib)
-        Z4 = Zb.reshape((G, Og, L, J))
-        for g in range(G):
-            for l in range(L):
-                gemm_nn_rows((Z4[g], l), W2[g * Og:(g + 1) * Og], Ib, offs,
-                             _line_base(geo, g, l, m), m, np.bool_(False), p[:0])
+        _direct_products(geo, taps, p, p[:0], Ib, Zb.reshape((ccol, L, geo[OW] * m)), m)
         _block_rows(geo, Zb, n0, m, Y, bias, has_bias, True)
 
 
 @jit
 def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
-    """`conv_pullback` of a `Conv` with stride 1 along W: per block and output row, the
-    weight gradient from the same windows, and the input gradient added into the windows
-    in place (`gemm_tn_rows`: W^T times the row's cotangent)."""
-    G = geo[GR]
+    """`conv_pullback` of a `Conv` with stride 1 along W: per block, the bias gradient
+    from the rows, then `_direct_pullbacks` on the block's cotangent lines."""
     ccol = geo[CO]
-    Og = ccol // G
     rows = taps.shape[0]
     L = geo[OD] * geo[OH]
     P = L * geo[OW]
-    W2 = p[:ccol * rows].reshape((ccol, rows))
-    gW = gp[:ccol * rows].reshape((ccol, rows))
-    offs = taps[:, 7]
-    zero = p.dtype.type(0.0)
     N = X.shape[0]
     nb = max(1, min(N, scratch.shape[0] // _per_sample(geo, False)))
     for n0 in range(0, N, nb):
         m = min(nb, N - n0)
-        J = geo[OW] * m
         Ib, Xb, Zb, pack = _direct_blocks(geo, scratch, m)
         _block_rows(geo, Zb, n0, m, V, gp, False, False)  # (the bias is not read)
         if has_bias:
@@ -792,22 +774,57 @@ def _direct_pullback(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, scratch):
                 for o in range(ccol):
                     gp[ccol * rows + o] += total(v, o * P, P)
         _pad_block(geo, X, n0, m, Ib)
-        Z4 = Zb.reshape((G, Og, L, J))
-        if want_x:
-            for t in range(Xb.shape[0]):
-                Xb[t] = zero
-        nh, lstride = geo[OH], geo[SH] * (geo[IW] + 2 * geo[PW]) * m
-        for g in range(G):
-            for od in range(geo[OD]):  # the rows oh of one od at once, windows lstride apart
-                l0 = od * nh
-                gemm_nt_rows(gW[g * Og:(g + 1) * Og], Z4[g][:, l0:l0 + nh], Ib, offs,
-                             _line_base(geo, g, l0, m), m, lstride)
-            if want_x:
-                for l in range(L):
-                    gemm_tn_rows(Xb, _line_base(geo, g, l, m), offs, m, W2[g * Og:(g + 1) * Og],
-                                 (Z4[g], l), geo[KW], pack)
+        _direct_pullbacks(geo, taps, p, gp, Ib, Xb, Zb.reshape((ccol, L, geo[OW] * m)), m,
+                          want_x, pack)
         if want_x:
             _unpad_block(geo, Xb, n0, m, Xbar)
+
+
+@jit(inline="always")  # compiled as part of each layout's caller
+def _direct_products(geo, taps, p, bias, Ib, Z, m):
+    """Z (C', OD * OH, OW * m) = the weights times the taps' windows of the padded input
+    Ib (samples innermost, m of them), one product per group and output row, each row
+    from bias[c'] (from zero where `bias` is empty): both layouts' forward pass."""
+    G = geo[GR]
+    ccol = geo[CO]
+    Og = ccol // G
+    rows = taps.shape[0]
+    W2 = p[:ccol * rows].reshape((ccol, rows))
+    offs = taps[:, 7]
+    for g in range(G):
+        Zg = Z[g * Og:(g + 1) * Og]
+        bg = bias[g * Og:(g + 1) * Og] if bias.shape[0] else bias
+        for l in range(Z.shape[1]):
+            gemm_nn_rows((Zg, l), W2[g * Og:(g + 1) * Og], Ib, offs, _line_base(geo, g, l, m),
+                         m, np.bool_(False), bg)
+
+
+@jit(inline="always")
+def _direct_pullbacks(geo, taps, p, gp, Ib, Xb, Z, m, want_x, pack):
+    """`_direct_products`' pullback for the cotangent Z: the weight gradient added into
+    gp, and with `want_x` the padded input's gradient into Xb (overwritten), added into
+    the windows in place (`gemm_tn_rows`, its rows packed into `pack`)."""
+    G = geo[GR]
+    ccol = geo[CO]
+    Og = ccol // G
+    rows = taps.shape[0]
+    W2 = p[:ccol * rows].reshape((ccol, rows))
+    gW = gp[:ccol * rows].reshape((ccol, rows))
+    offs = taps[:, 7]
+    if want_x:
+        for t in range(Xb.shape[0]):
+            Xb[t] = 0.0
+    nh, lstride = geo[OH], geo[SH] * (geo[IW] + 2 * geo[PW]) * m
+    for g in range(G):
+        Zg = Z[g * Og:(g + 1) * Og]
+        for od in range(geo[OD]):  # the rows oh of one od at once, windows lstride apart
+            l0 = od * nh
+            gemm_nt_rows(gW[g * Og:(g + 1) * Og], Zg[:, l0:l0 + nh], Ib, offs,
+                         _line_base(geo, g, l0, m), m, lstride)
+        if want_x:
+            for l in range(Z.shape[1]):
+                gemm_tn_rows(Xb, _line_base(geo, g, l, m), offs, m, W2[g * Og:(g + 1) * Og],
+                             (Zg, l), geo[KW], pack)
 
 
 # -------------------------------------------------------- samples innermost
@@ -865,26 +882,18 @@ def conv_forward_fm(geo, taps, X, p, has_bias, Y, n, scratch):
     """Y = conv(X) for n samples held feature-major (flat, samples innermost), a `Conv`
     on the direct path (`_direct`); Y overwritten, `scratch` (`fm_scratch_size`) holds the
     padded input, kept for `conv_pullback_fm`."""
-    G = geo[GR]
     ccol = geo[CO]
-    Og = ccol // G
-    rows = taps.shape[0]
     L = geo[OD] * geo[OH]
-    W2 = p[:ccol * rows].reshape((ccol, rows))
-    offs = taps[:, 7]
     half = fm_pad_size(geo, n) // 2
     Ib = X
     if half:
         Ib = scratch[:half]
         _fm_pad(geo, X, n, Ib, False)
+    # the products start from the bias (or zero): no pass over Y of its own
+    b0 = ccol * taps.shape[0]
+    bias = p[b0:b0 + ccol] if has_bias else p[:0]
     Z = Y[:ccol * L * geo[OW] * n].reshape((ccol, L, geo[OW] * n))
-    for g in range(G):
-        Zg = Z[g * Og:(g + 1) * Og]
-        # the products start from the bias (or zero): no pass over Y of its own
-        bias = p[ccol * rows + g * Og:ccol * rows + (g + 1) * Og] if has_bias else p[:0]
-        for l in range(L):
-            gemm_nn_rows((Zg, l), W2[g * Og:(g + 1) * Og], Ib, offs, _line_base(geo, g, l, n),
-                         n, np.bool_(False), bias)
+    _direct_products(geo, taps, p, bias, Ib, Z, n)
 
 
 @jit
@@ -892,17 +901,10 @@ def conv_pullback_fm(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, n, scratch)
     """`conv_forward_fm`'s pullback: gp += V^T dY/dp, Xbar = V^T dY/dX if `want_x`
     (overwritten), all feature-major; the padded input as the forward left it in
     `scratch`."""
-    G = geo[GR]
     ccol = geo[CO]
-    Og = ccol // G
     rows = taps.shape[0]
     L = geo[OD] * geo[OH]
     P = L * geo[OW] * n
-    W2 = p[:ccol * rows].reshape((ccol, rows))
-    gW = gp[:ccol * rows].reshape((ccol, rows))
-    offs = taps[:, 7]
-    zero = p.dtype.type(0.0)
-    Z = V[:ccol * P].reshape((ccol, L, geo[OW] * n))
     if has_bias:
         for o in range(ccol):
             gp[ccol * rows + o] += total(V, o * P, P)
@@ -910,20 +912,9 @@ def conv_pullback_fm(geo, taps, X, p, has_bias, V, Xbar, want_x, gp, n, scratch)
     Ib, Xb = X, Xbar
     if half:
         Ib, Xb = scratch[:half], scratch[half:2 * half]
-    if want_x:
-        for t in range(Xb.shape[0]):
-            Xb[t] = zero
-    nh, lstride = geo[OH], geo[SH] * (geo[IW] + 2 * geo[PW]) * n
-    for g in range(G):
-        Zg = Z[g * Og:(g + 1) * Og]
-        for od in range(geo[OD]):  # the rows oh of one od at once, windows lstride apart
-            l0 = od * nh
-            gemm_nt_rows(gW[g * Og:(g + 1) * Og], Zg[:, l0:l0 + nh], Ib, offs,
-                         _line_base(geo, g, l0, n), n, lstride)
-        if want_x:
-            for l in range(L):
-                gemm_tn_rows(Xb, _line_base(geo, g, l, n), offs, n, W2[g * Og:(g + 1) * Og],
-                             (Zg, l), geo[KW], scratch[2 * half:2 * half + Og * geo[OW] * n])
+    pack = scratch[2 * half:2 * half + ccol // geo[GR] * geo[OW] * n]
+    Z = V[:ccol * P].reshape((ccol, L, geo[OW] * n))
+    _direct_pullbacks(geo, taps, p, gp, Ib, Xb, Z, n, want_x, pack)
     if want_x and half:
         _fm_pad(geo, Xbar, n, Xb, True)
 

@@ -29,7 +29,7 @@ from numba import types
 from numba.extending import overload
 
 from ._config import OPTIONS, jit
-from .tiles import nn_tile, nt_tile, tn_tile, width
+from .tiles import VECTOR_BYTES, nn_tile, nt_tile, tn_tile, width
 
 
 def _tap(offs, k):
@@ -105,7 +105,7 @@ def gemm_nn_flat(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias):
     M = A.shape[0]
     w = width(src)
     m = M - M
-    if w * src.itemsize == 64:
+    if VECTOR_BYTES == 64:  # 32 vector registers
         while M - m >= 8:
             _nn_band(cf, c0, cs, J, A, src, offs, base, step, accumulate, bias, m, 8, 2, w)
             m += 8
@@ -139,7 +139,7 @@ def gemm_nt_rows(C, A, src, offs, base, step, lstride):
     over every plane and column before one reduction each."""
     M = A.shape[0]
     m = M - M
-    if width(src) * src.itemsize == 64:
+    if VECTOR_BYTES == 64:
         while M - m >= 4:
             _nt_band(C, m, A, src, offs, base, lstride, step, 4)
             m += 4

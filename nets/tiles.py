@@ -121,13 +121,16 @@ class _IR:
         (stride,) = self.strides(offs_type, offs)
         return self.element_at(self.data(offs_type, offs), self.b.mul(k, stride), I64)
 
-    def element_at(self, ptr, byte_offset, ty=None):
-        """The scalar at `ptr` + `byte_offset` bytes (arrays with any strides), of the
-        tile's element type or `ty`."""
+    def byte_ptr(self, ptr, byte_offset, ty=None):
+        """A pointer to `ptr` + `byte_offset` bytes (arrays with any strides), typed as the
+        tile's element or `ty`."""
         b = self.b
-        ty = self.element if ty is None else ty
         raw = b.gep(b.bitcast(ptr, ir.PointerType(ir.IntType(8))), [byte_offset])
-        return b.load(b.bitcast(raw, ir.PointerType(ty)))
+        return b.bitcast(raw, ir.PointerType(self.element if ty is None else ty))
+
+    def element_at(self, ptr, byte_offset, ty=None):
+        """The scalar at `ptr` + `byte_offset` bytes, of the tile's element type or `ty`."""
+        return self.b.load(self.byte_ptr(ptr, byte_offset, ty))
 
 
 def _literal(t):
@@ -276,8 +279,7 @@ def nt_tile(typingctx, C, m, k, A, src, offs, base, lstride, step, rows, taps):
             la = b.mul(l, as1)
             for i in range(R):
                 off = b.add(b.add(arow[i], la), b.mul(j, isz))
-                araw = b.gep(b.bitcast(aptr, ir.PointerType(ir.IntType(8))), [off])
-                a = t.load(b.bitcast(araw, ir.PointerType(t.element)), t.const(0), mask)
+                a = t.load(t.byte_ptr(aptr, off), t.const(0), mask)
                 for q in range(T):
                     b.store(t.fma(a, x[q], b.load(acc[i][q])), acc[i][q])
 
@@ -288,10 +290,8 @@ def nt_tile(typingctx, C, m, k, A, src, offs, base, lstride, step, rows, taps):
                 body(lloop.index, b.mul(nfull, t.const(w)), tail)
         for i in range(R):
             for q in range(T):
-                off = b.add(b.mul(b.add(m_, t.const(i)), cs0),
-                            b.mul(b.add(k_, t.const(q)), cs1))
-                raw = b.gep(b.bitcast(cptr, ir.PointerType(ir.IntType(8))), [off])
-                p = b.bitcast(raw, ir.PointerType(t.element))
+                p = t.byte_ptr(cptr, b.add(b.mul(b.add(m_, t.const(i)), cs0),
+                                           b.mul(b.add(k_, t.const(q)), cs1)))
                 b.store(b.fadd(b.load(p), _reduce(t, b.load(acc[i][q]))), p)
         return context.get_dummy_value()
 

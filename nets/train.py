@@ -18,6 +18,7 @@ from ._config import Threads
 from .chain import Chain
 from .losses import SquaredLoss, check_loss
 from .optim import LBFGS, Adam, Optimizer
+from .tiles import zeros
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 
@@ -31,7 +32,7 @@ class _Buffers:
 
     def __init__(self, chain, dtype, nt):
         size = int(chain._kernels["chunk_size"](chain._meta(dtype)))
-        self.BUF = np.zeros((nt, size), dtype=dtype)
+        self.BUF = zeros((nt, size), dtype)  # the tiles' rows: chunk rows of B samples
         # One extra column (n_params) carries each thread's loss. Rows padded apart so
         # two threads never write one cache line; the kernels get the whole padded array
         # (a view of its first columns would be C-contiguous or not with the chain's size,
