@@ -103,6 +103,19 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _cpuinfo(field_name: str) -> str | None:
+    """The value of `field_name` in /proc/cpuinfo (its first processor): "" if the field
+    is absent, None where there is no such file."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == field_name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return ""
+
+
 def machine_info(threads: int) -> dict[str, Any]:
     """Describe the machine as the JSON ``machine`` field.
 
@@ -117,29 +130,12 @@ def machine_info(threads: int) -> dict[str, Any]:
         ``{"cpus": int, "threads": int, "cpu": str}``; ``cpu`` is the model
         name from ``/proc/cpuinfo`` (or ``platform.processor()`` elsewhere).
     """
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
+    cpu = _cpuinfo("model name")
+    if cpu is None:
         import platform
 
         cpu = platform.processor()
     return {"cpus": available_cpus(), "threads": int(threads), "cpu": cpu}
-
-
-def _cpuinfo(field_name: str) -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.split(":", 1)[0].strip() == field_name:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def float32_peak(threads: int, features: str | None = None, vendor: str | None = None,
@@ -171,10 +167,10 @@ def float32_peak(threads: int, features: str | None = None, vendor: str | None =
         except Exception:
             features = ""
     flags = set(features.split(","))
-    vendor = _cpuinfo("vendor_id") if vendor is None else vendor
+    vendor = (_cpuinfo("vendor_id") or "") if vendor is None else vendor
     if mhz is None:
         try:
-            mhz = float(_cpuinfo("cpu MHz"))
+            mhz = float(_cpuinfo("cpu MHz") or "nan")
         except ValueError:
             mhz = float("nan")
     avx512, avx2 = "+avx512f" in flags, "+avx2" in flags and "+fma" in flags
