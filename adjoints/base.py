@@ -16,7 +16,7 @@ import numpy as np
 
 from sciml._validate import optional_tolerance
 
-from ._forward import Job, SolveFailed, prepare_values, values
+from .primal import Job, SolveFailed, prepare_values, values
 
 __all__ = ["SensitivityAlgorithm", "SolveFailed", "Job", "values", "prepare_values"]
 

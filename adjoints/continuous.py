@@ -50,11 +50,11 @@ from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.common import Schedule
 from sciml.solvers.kernels.structs import record
 
-from ._forward import SolveFailed, forward
 from .base import SensitivityAlgorithm
 from .kernels import backward as _lean
 from .kernels.backward import backward_schedule
 from .kernels.systems import ROWS, Adjoint, Backsolve, Gauss, Interp, Quad
+from .primal import SolveFailed, forward
 
 __all__ = ["InterpolatingAdjoint", "BacksolveAdjoint", "GaussAdjoint", "QuadratureAdjoint"]
 

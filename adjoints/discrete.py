@@ -43,7 +43,7 @@ class DiscreteAdjoint(SensitivityAlgorithm):
         return grad_discrete_many
 
     def forward(self, job):
-        from ._forward import forward
+        from .primal import forward
 
         return forward(job, dense=True, needs=self.needs(job.solver)).check()
 

@@ -15,9 +15,9 @@ from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT
 from sciml.solvers.kernels.structs import lin, record
 
-from ._forward import Entry, SolveFailed, State
 from .base import SensitivityAlgorithm
 from .kernels.systems import Sens
+from .primal import Entry, SolveFailed, State
 
 __all__ = ["ForwardSensitivity", "full_sensitivities"]
 

@@ -137,11 +137,11 @@ def _warfarin():
 
 class _SolveClock:
     """Times the calls of a prepared solve's compiled entry (`adjoints.prepare_values`,
-    `ForwardSensitivity.prepare`, through `adjoints._forward.Entry`) while installed:
+    `ForwardSensitivity.prepare`, through `adjoints.primal.Entry`) while installed:
     every call but a prepared solve's first, which goes through numba's dispatcher."""
 
     def __init__(self):
-        import adjoints._forward as af
+        import adjoints.primal as af
 
         self.seconds, self.calls = 0.0, 0
         self._mods, self._orig = (af,), af.entry_point

@@ -10,10 +10,9 @@ partial solution.
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
 
-from ._jit import Threads
+from ._jit import Threads, entry_point
 from ._validate import (
     check_atol,
     check_dt,
@@ -99,7 +98,7 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
             # dispatch on the types is skipped.
             call = entries.get(type(atol))
             if call is None:
-                call = _entry_point(entries, loop, atol, (
+                entries[type(atol)] = call = entry_point(loop, (
                     kern, tab, settings, prob._u0, prob.params, saveat, out_u, keep, atol, t0,
                     tf, rtol, 0.0, 1))
             status = call(kern, tab, settings, prob._u0, prob.params, saveat, out_u, keep, atol,
@@ -172,15 +171,6 @@ def _solve(prob, solver, rtol, atol, saveat, dt, max_steps, dense, threads):
 
 
 _F64 = np.dtype(np.float64)
-def _entry_point(entries, loop, atol, args):
-    """The compiled function for these argument types (compiled or loaded now if needed),
-    remembered in ``entries`` by the type of ``atol``; ``loop`` itself without the jit."""
-    if not hasattr(loop, "overloads"):  # NUMBA_DISABLE_JIT
-        return loop
-    entries[type(atol)] = entry = loop.compile(tuple(numba.typeof(a) for a in args))
-    return entry
-
-
 _DEFAULT = []
 
 

@@ -23,12 +23,12 @@ from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.linked import LinkedCode
 
 from . import code, llvm
-from .derivatives import Kernels
+from .derivatives import Derivatives
 from .graph import quiet_gc
 
 __all__ = ["Assembly", "KernelSet"]
 
-# kernel name -> (traced function, Kernels method)
+# kernel name -> (traced function, Derivatives method)
 KINDS = {"rhs": ("f", "values"), "jac": ("f", "jac"), "spjac": ("f", "spjac"),
          "paramjac": ("f", "paramjac"),
          "vjp": ("f", "vjp"), "hvp": ("f", "hvp"), "obs": ("g", "values"),
@@ -39,7 +39,7 @@ class KernelSet:
     """The kernels of one traced function, generated and compiled on demand."""
 
     def __init__(self, traced, specs, n_params, strong_zero=False):
-        self.gen = Kernels(traced, specs, n_params, strong_zero)
+        self.gen = Derivatives(traced, specs, n_params, strong_zero)
         self.trees = {}
         self.addresses = {}
         self.pattern = None  # CSR (indptr, indices) of dF/du, computed on first need

@@ -63,7 +63,7 @@ from . import netcode
 from .code import Assign, At, Kernel, Loop, Note, array, at, index, natural_key
 from .trace import T
 
-__all__ = ["NetSpec", "Kernels"]
+__all__ = ["NetSpec", "Derivatives"]
 
 U, P, PBAR, UBAR, V, LAM, WSA = (array(n) for n in ("u", "p", "pbar", "ubar", "v", "lam", "ws"))
 
@@ -207,8 +207,8 @@ class _Node:
         return self.call.index
 
 
-class Kernels:
-    """Kernels of one traced function (`sciml.model.trace.Trace`).
+class Derivatives:
+    """The derivative kernels of one traced function (`sciml.model.trace.Trace`), as code.
 
     Parameters
     ----------

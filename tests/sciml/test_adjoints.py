@@ -488,7 +488,7 @@ def test_forward_sensitivities_to_chosen_parameters_are_those_columns(solver):
     # on a parameter and a network, so S(t0) is chosen too
     from dataclasses import replace
 
-    from adjoints._forward import Job
+    from adjoints.primal import Job
     from sciml.solvers import common
 
     G = mz.Chain(1, mz.Dense(4, "tanh"), mz.Dense(1))

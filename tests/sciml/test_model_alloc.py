@@ -30,7 +30,7 @@ from nets import Chain, Dense
 from nets.registry import activation_address
 from sciml.model import llvm as model_llvm
 from sciml.model.assembly import call
-from sciml.model.derivatives import Kernels, NetSpec
+from sciml.model.derivatives import Derivatives, NetSpec
 from sciml.model.trace import trace_initial, trace_model, trace_observables
 
 from ..alloc import needs_jit
@@ -122,15 +122,15 @@ def kernel_trees(case, u0=None):
                               chain.n_out)
         off += chain.n_params
     f = case.f or _neural_ode
-    gen = Kernels(trace_model(f, m.states, m.params, m.nets), specs, m.n_params)
+    gen = Derivatives(trace_model(f, m.states, m.params, m.nets), specs, m.n_params)
     trees = [gen.values("rhs"), gen.jac("jac"), gen.paramjac("paramjac"), gen.vjp("vjp"),
              gen.hvp("hvp")]
     if case.observables:
-        obs = Kernels(trace_observables(case.observables, m.states, m.params, m.nets), specs,
+        obs = Derivatives(trace_observables(case.observables, m.states, m.params, m.nets), specs,
                       m.n_params)
         trees += [obs.values("obs"), obs.vjp("obs_vjp")]
     if u0 is not None:
-        init = Kernels(trace_initial(u0, m.states, m.params, m.nets), specs, m.n_params)
+        init = Derivatives(trace_initial(u0, m.states, m.params, m.nets), specs, m.n_params)
         trees += [init.values("init"), init.vjp("init_vjp")]
     return trees
 

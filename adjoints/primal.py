@@ -1,4 +1,4 @@
-"""The forward pass every method starts from, and what one gradient's setting is.
+"""The primal solve every method starts from, and what one gradient's setting is.
 
 `Job` holds what one (problem, data) gradient needs; `forward` solves the
 problem with the solver's compiled loop, saving at the observation times and,
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sciml._jit import entry_point
 from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT, SUCCESS
 from sciml.solvers.kernels.family import integrate_stored
@@ -166,13 +167,3 @@ class Entry:
                 return self.loop(*args)
             self.fn = entry_point(self.loop, args)
         return self.fn(*args)
-
-
-def entry_point(loop, args):
-    """The compiled function a numba dispatcher ``loop`` runs for ``args`` (its types found
-    once: the dispatcher would work them out for the nested structures at every call),
-    or ``loop`` itself where it cannot be found."""
-    try:
-        return loop.get_overload(tuple(loop.typeof_pyval(a) for a in args))
-    except Exception:  # not a numba dispatcher (NUMBA_DISABLE_JIT), or no such overload
-        return loop
