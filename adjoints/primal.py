@@ -152,8 +152,8 @@ class Entry:
     """A compiled loop called again and again with arguments of the same types: the first
     call goes through the numba dispatcher, the second finds the compiled entry for
     those types (`entry_point`) and every later call runs it directly. Not found at the
-    first call: working out the types of the nested structures costs about 0.7 ms, more
-    than a small model's whole gradient, which calls once."""
+    first call: working out the types of the nested structures costs more than a small
+    model's whole gradient, which calls once."""
 
     def __init__(self, loop):
         self.loop = loop

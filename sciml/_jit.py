@@ -57,8 +57,8 @@ def entry_point(loop, args):
     """The compiled function that the numba dispatcher ``loop`` runs for ``args``: compiled,
     or loaded from the disk cache, now if it is not yet (``loop`` itself where there is no
     dispatcher: NUMBA_DISABLE_JIT). Calling it skips the dispatcher, which works out the
-    types of every nested structure of the arguments at each call (about 0.7 ms for an
-    engine loop's)."""
+    types of every nested structure of the arguments at each call: for an engine loop's
+    arguments, more than a small model's whole solve."""
     if not hasattr(loop, "overloads"):
         return loop
     return loop.compile(tuple(loop.typeof_pyval(a) for a in args))
