@@ -126,8 +126,8 @@ def kernel_trees(case, u0=None):
     trees = [gen.values("rhs"), gen.jac("jac"), gen.paramjac("paramjac"), gen.vjp("vjp"),
              gen.hvp("hvp")]
     if case.observables:
-        obs = Derivatives(trace_observables(case.observables, m.states, m.params, m.nets), specs,
-                      m.n_params)
+        obs = Derivatives(trace_observables(case.observables, m.states, m.params, m.nets),
+                          specs, m.n_params)
         trees += [obs.values("obs"), obs.vjp("obs_vjp")]
     if u0 is not None:
         init = Derivatives(trace_initial(u0, m.states, m.params, m.nets), specs, m.n_params)
