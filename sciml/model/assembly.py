@@ -141,7 +141,7 @@ class Assembly:
     def source(self, title):
         """Every kernel of the model rendered as Python (generating any not generated yet)."""
         trees = [s.tree(n, m) for n, (fn, m) in KINDS.items() for s in [self.sets.get(fn)]
-                 if s is not None and (n != "spjac" or s.gen.has_spjac)]
+                 if s is not None]
         for ks in self._initial.values():
             trees += [ks.tree("init", "values"), ks.tree("init_vjp", "vjp")]
         return code.python_source(title, trees, [("WS_SIZE", int(self.ws_size))])

@@ -8,6 +8,9 @@ body of three kinds of statement:
   value a sympy expression or, in kernels of large functions, a node of
   `sciml.model.graph` (the same expression, without sympy's objects);
 - `Loop`: ``for var in range(start, stop, step)`` with constant bounds;
+- `Call`: ``sub(a + i, b + j, ...)``, another kernel (a subroutine) run on
+  pointers into the caller's arrays: a network pass written once and called at
+  each of a model's call sites (see `sciml.model.derivatives`);
 - `Note`: a comment.
 
 Values are sympy expressions in scalar symbols and array elements ``At(a, i)``
@@ -28,8 +31,8 @@ import numpy as np
 import sympy
 from sympy.printing.pycode import PythonCodePrinter
 
-__all__ = ["At", "at", "Assign", "Loop", "Note", "Kernel", "sigmoid", "activation", "python_source",
-           "function_source", "real", "index", "array", "SCALAR_ARGS"]
+__all__ = ["At", "at", "Assign", "Loop", "Call", "Note", "Kernel", "sigmoid", "activation",
+           "python_source", "function_source", "real", "index", "array", "SCALAR_ARGS"]
 
 
 class At(sympy.Function):
@@ -105,6 +108,17 @@ class Loop:
     step: int = 1
 
 
+@dataclass(frozen=True, eq=False)
+class Call:
+    """``sub(*(a + offset for a, offset in args))``: kernel ``sub`` run with its array
+    arguments pointing into the caller's (``args``: one (array Symbol of the caller,
+    integer offset expression) per argument of ``sub``, in order). Compared by identity:
+    a subroutine is one object however many sites call it."""
+
+    sub: "Kernel"
+    args: tuple
+
+
 @dataclass(frozen=True)
 class Note:
     text: str
@@ -126,6 +140,14 @@ class Kernel:
             yield s
             if isinstance(s, Loop):
                 stack.extend(reversed(s.body))
+
+    def subroutines(self):
+        """The kernels this one calls, each once, in order of first call."""
+        seen = {}
+        for s in self.statements():
+            if isinstance(s, Call):
+                seen.setdefault(id(s.sub), s.sub)
+        return list(seen.values())
 
 
 SCALAR_ARGS = frozenset({"t"})
@@ -175,6 +197,9 @@ def _lines(body, depth):
             yield f"{pad}# {s.text}"
         elif isinstance(s, Assign):
             yield f"{pad}{text(s.target)} {'+=' if s.add else '='} {text(s.value)}"
+        elif isinstance(s, Call):
+            args = ", ".join(str(a) if o == 0 else f"{a}[{text(o)}:]" for a, o in s.args)
+            yield f"{pad}{s.sub.name}({args})"
         elif isinstance(s, Loop):
             step = f", {s.step}" if s.step != 1 else ""
             yield f"{pad}for {s.var} in range({s.start}, {s.stop}{step}):"
@@ -207,6 +232,11 @@ from sciml._jit import jit
 def python_source(title, kernels, constants=()):
     """A Python module holding `kernels` (numba functions) and ``NAME = value`` constants."""
     parts = [HEADER.format(title=title)]
+    subs = {}
+    for k in kernels:
+        for sub in k.subroutines():
+            subs.setdefault(sub.name, sub)
+    kernels = list(subs.values()) + list(kernels)
     custom = sorted({type(f).activation for k in kernels for s in k.statements()
                      if isinstance(s, Assign) and isinstance(s.value, sympy.Basic)
                      for f in s.value.atoms(sympy.Function)

@@ -44,12 +44,13 @@ is ``Fdot = dF/du v + sum_c dF/dz_c zdot_c`` with ``xdot_c`` likewise and
 vjp's with those nodes (whose reverse pass uses the activations' second
 derivatives).
 
-Scratch layout (float64 offsets, fixed at generation time), per live call c::
+Each pass of a call is a `Call` of the network's subroutine
+(`netcode.NetGen.subroutine`) on the call's frame. Scratch layout (float64
+offsets, fixed at generation time), per live call c::
 
-    X | Y | V | XB | JN | DX | DZ | T | XD | YD | VD | XDB | TT
+    frame (X | Y | V | XB | JN | T | XD | YD | VD | XDB | TT | S) | DX | DZ
 
-then LAM, UB (n each) for `paramjac`, then one net scratch buffer BUF shared
-by the calls in turn.
+each frame on a 64-byte boundary, then LAM, UB (n each) for `paramjac`.
 """
 
 from dataclasses import dataclass
@@ -60,7 +61,7 @@ from sympy.simplify.cse_main import tree_cse
 
 from . import graph as _graph
 from . import netcode
-from .code import Assign, At, Kernel, Loop, Note, array, at, index, natural_key
+from .code import Assign, At, Call, Kernel, Loop, Note, array, at, index, natural_key, real
 from .trace import T
 
 __all__ = ["NetSpec", "Derivatives"]
@@ -233,7 +234,7 @@ class Derivatives:
         nodes = getattr(traced, "nodes", None)
         self.m = len(nodes) if nodes is not None else len(traced.exprs)
         self.nets = nets
-        self.gen = {k: netcode.NetGen(s.layers, s.offset) for k, s in nets.items()}
+        self.gen = {k: netcode.NetGen(s.layers, s.offset, k) for k, s in nets.items()}
         self.live = self._live_calls(traced.calls)
         self._layout()
         self.base_loads = {**_loads(U, self.u), **_loads(P, self.p)}
@@ -296,20 +297,27 @@ class Derivatives:
         self.slot = {}
         for c in self.live:
             g = self.gen[c.net]
-            ni, no = g.n_in, g.n_out
-            sizes = dict(X=ni, Y=no, V=no, XB=ni, JN=no * ni, DX=ni * max(n, 1),
-                         DZ=no * max(n, 1), T=g.tape_size, XD=ni, YD=no, VD=no, XDB=ni,
-                         TT=g.tangent_tape_size)
-            slot = {}
-            for key, size in sizes.items():
-                slot[key] = off
-                off += size
+            off = (off + 7) // 8 * 8  # each frame on a 64-byte boundary
+            slot = {key: off + rel for key, rel in g.frame.items()}
+            slot["base"] = off
+            off += g.frame_size
+            slot["DX"] = off
+            off += g.n_in * max(n, 1)
+            slot["DZ"] = off
+            off += g.n_out * max(n, 1)
             self.slot[c.index] = slot
         self.LAM, self.UB = off, off + self.m
         off += self.m + max(n, 1)
-        off = (off + 7) // 8 * 8  # the nets' scratch starts on a 64-byte boundary
-        self.BUF = off
-        self.ws_size = off + max((self.gen[c.net].scratch_size for c in self.live), default=0)
+        self.ws_size = off
+
+    def _call(self, c, kind, flag=True, pbar=None):
+        """Pass `kind` of call c: its network's subroutine on the call's frame; ``pbar``
+        (an `At`) is where the reverse passes add the network's parameter cotangent."""
+        sub = self.gen[c.net].subroutine(kind, flag)
+        args = [(WSA, sympy.Integer(self.slot[c.index]["base"])), (P, sympy.S.Zero)]
+        if pbar is not None:
+            args.append(tuple(pbar.args))
+        return Call(sub, tuple(args))
 
     def _forward_needs(self, exprs, inputs_of=()):
         """(calls whose inputs must be computed, calls whose outputs must be computed, symbols).
@@ -339,7 +347,7 @@ class Derivatives:
         `need_d`); output symbols in `syms` loaded."""
         slot = self.slot[c.index]
         body.add(Note(f"net {c.net}, call {c.index}: forward"))
-        body.extend(self.gen[c.net].forward(slot["T"], slot["X"], slot["Y"], need_d))
+        body.add(self._call(c, "forward", need_d))
         for k, z in enumerate(c.outputs):
             if z in syms:
                 body.add(Assign(z, ws(slot["Y"] + k)))
@@ -355,27 +363,38 @@ class Derivatives:
 
     # ------------------------------------------------------------- reverse
 
-    def _reverse_exprs(self, L0, nodes):
-        """Symbolic reverse pass of the scalar L0 through `nodes` (last to first).
+    def _reverse_exprs(self, terms, nodes):
+        """Symbolic reverse pass of the scalar ``L0 = sum(terms)`` through `nodes` (last to
+        first).
 
         Returns (xbar symbols per node and group, [(node, cotangents per group)] of the
-        nodes that get a nonzero cotangent, dL/du, dL/dp mechanistic).
+        nodes that get a nonzero cotangent, dL/du, dL/dp mechanistic). Each derivative
+        sums only the terms that read its symbol: with a call per cell of a grid, L has a
+        term per cell and each symbol is in a few of them.
         """
         xb = {nd.index: tuple(_symbols(f"xb{g}_{nd.index}_", len(ins))
                               for g, ins in enumerate(nd.inputs)) for nd in nodes}
-        L = L0
+        terms = list(terms)
         for nd in nodes:
             for syms, ins in zip(xb[nd.index], nd.inputs):
-                L += sum((b * x for b, x in zip(syms, ins)), sympy.S.Zero)
+                terms += [b * x for b, x in zip(syms, ins)]
+        reading = {}  # symbol -> the terms that read it
+        for t in terms:
+            for sym in t.free_symbols:
+                reading.setdefault(sym, []).append(t)
+
+        def d(sym):
+            return sympy.Add(*[_diff(t, sym) for t in reading.get(sym, ())])
+
         zero, active = {}, []
         for nd in reversed(nodes):
-            cot = tuple(tuple(_diff(L, z).subs(zero) for z in outs) for outs in nd.outputs)
+            cot = tuple(tuple(d(z).subs(zero) for z in outs) for outs in nd.outputs)
             if all(e == 0 for grp in cot for e in grp):
                 zero.update({b: 0 for grp in xb[nd.index] for b in grp})
             else:
                 active.append((nd, cot))
-        ubar = [_diff(L, s).subs(zero) for s in self.u]
-        pbar = [_diff(L, s).subs(zero) for s in self.p]
+        ubar = [d(s).subs(zero) for s in self.u]
+        pbar = [d(s).subs(zero) for s in self.p]
         return xb, active, ubar, pbar
 
     def _reverse(self, body, xb, active, ubar, pbar, syms, ubar_at, pbar_at):
@@ -384,22 +403,17 @@ class Derivatives:
         ``pbar_at(offset)`` onwards."""
         for nd, cot in active:
             c, slot = nd.call, self.slot[nd.index]
-            g = self.gen[c.net]
-            base_arr, base = pbar_at(0).args
             want = any(b in syms for grp in xb[nd.index] for b in grp)
             if not nd.tangent:
                 body.assign([(ws(slot["V"] + o), e, False) for o, e in enumerate(cot[0])])
                 body.add(Note(f"net {c.net}, call {c.index}: reverse"))
-                body.extend(_with_pbar(g.backward(slot["T"], slot["X"], slot["Y"], slot["V"],
-                                                  slot["XB"], self.BUF, want), base_arr, base))
+                body.add(self._call(c, "backward", want, pbar_at(0)))
                 outs = [(slot["XB"], xb[nd.index][0])]
             else:
                 body.assign([(ws(slot["V"] + o), e, False) for o, e in enumerate(cot[0])]
                             + [(ws(slot["VD"] + o), e, False) for o, e in enumerate(cot[1])])
                 body.add(Note(f"net {c.net}, call {c.index}: tangent reverse"))
-                body.extend(_with_pbar(g.tangent_backward(
-                    slot["TT"], slot["X"], slot["XD"], slot["V"], slot["VD"], slot["XB"],
-                    slot["XDB"], self.BUF, want), base_arr, base))
+                body.add(self._call(c, "tangent_backward", want, pbar_at(0)))
                 outs = [(slot["XB"], xb[nd.index][0]), (slot["XDB"], xb[nd.index][1])]
             for off, grp in outs:
                 for k, b in enumerate(grp):
@@ -432,8 +446,7 @@ class Derivatives:
             need_in, fwd, syms = self._forward_needs(ubar + pbar)
             return {}, [], ubar, pbar, (need_in, fwd, syms, frozenset())
         nodes = [_Node(c, (c.inputs,), (c.outputs,), False) for c in self.live]
-        L0 = sum((a * f for a, f in zip(v, self.F)), sympy.S.Zero)
-        xb, active, ubar, pbar = self._reverse_exprs(L0, nodes)
+        xb, active, ubar, pbar = self._reverse_exprs([a * f for a, f in zip(v, self.F)], nodes)
         exprs = [e for _, cot in active for grp in cot for e in grp] + ubar + pbar
         need_in, fwd, syms = self._forward_needs(exprs, [nd.call for nd, _ in active])
         taped = frozenset(nd.index for nd, _ in active)
@@ -557,13 +570,6 @@ class Derivatives:
                 through[z] = d
         return reads, reading
 
-    @property
-    def has_spjac(self):
-        """Whether `spjac` can be generated: no network call reads the states."""
-        if not hasattr(self, "_has_spjac"):
-            self._has_spjac = not self._reads()[1]
-        return self._has_spjac
-
     def sparsity(self):
         """The structural pattern of dF/du in CSR form: ``(indptr, indices)`` int64, the
         columns of each row sorted; entry (i, j) is present when F_i reads u_j."""
@@ -582,12 +588,11 @@ class Derivatives:
         CSR order (every structural entry written, zero where it cancels).
 
         Each entry is one symbolic derivative, so the kernel grows with the number
-        of non-zeros, not with n^2. Networks that read states are not supported yet
-        (their Jacobian is the dense kernel's).
+        of non-zeros, not with n^2. Through a network call that reads the states, an
+        entry is the chain rule over the call's Jacobian (its ``jacobian`` pass) and the
+        derivatives of its inputs by the states they read: a network applied cell by
+        cell adds a few terms per cell, not a row of n.
         """
-        if not self.has_spjac:
-            raise NotImplementedError("a sparse Jacobian of a model whose networks read the "
-                                      "states is not supported yet; use the dense one")
         indptr, indices = self.sparsity()
         JX = array("Jx")
         if self.graph is not None:
@@ -595,14 +600,49 @@ class Derivatives:
             body.assign_nodes([(at(JX, k), x, False) for k, x in enumerate(
                 x for row in self._graph_rows(self.Un) for _, x in row)])
             return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
-        items = []
-        for i, f in enumerate(self.F):
-            for k in range(indptr[i], indptr[i + 1]):
-                items.append((At(JX, int(k)), _diff(f, self.u[int(indices[k])]), False))
+        reads, reading = self._reads()
+        dz = {}  # (output symbol of a call, state index) -> the symbol of dz/du_j
+        blocks = {}  # call index -> (JN loads, dz items) emitted after its Jacobian pass
+
+        def total(e, j):
+            """de/du_j, through the calls' outputs e reads."""
+            d = _diff(e, self.u[j])
+            for z in e.free_symbols:
+                if (z, j) in dz:
+                    d += _diff(e, z) * dz[z, j]
+            return d
+
+        for c in reading:
+            g, JN = self.gen[c.net], self.slot[c.index]["JN"]
+            jn = [[real(f"_jn{c.index}_{o}_{k}") for k in range(g.n_in)] for o in range(g.n_out)]
+            items = []
+            for j in sorted(reads(c.inputs)):
+                dx = [total(x, j) for x in c.inputs]
+                for o, z in enumerate(c.outputs):
+                    dz[z, j] = real(f"_dz{c.index}_{o}_{j}")
+                    items.append((dz[z, j], sum((a * b for a, b in zip(jn[o], dx)),
+                                                sympy.S.Zero), False))
+            loads = [Assign(jn[o][k], ws(JN + o * g.n_in + k)) for o in range(g.n_out)
+                     for k in range(g.n_in)]
+            blocks[c.index] = (loads, items)
+        entries = [(At(JX, int(k)), total(f, int(indices[k])), False)
+                   for i, f in enumerate(self.F) for k in range(indptr[i], indptr[i + 1])]
+        exprs = [e for _, e, _ in entries] + [e for _, (_, its) in blocks.items()
+                                              for _, e, _ in its]
+        need_in, fwd, syms = self._forward_needs(exprs, reading)
         body = _Body()
-        need_in, fwd, syms = self._forward_needs([e for _, e, _ in items])
-        self._forward_phase(body, need_in, fwd, syms)
-        body.assign(items)
+        for c in self.live:
+            taped = c.index in blocks
+            if c.index in need_in:
+                self._inputs(body, c)
+            if c.index in fwd or taped:
+                self._forward(body, c, syms, need_d=taped)
+            if taped:
+                loads, items = blocks[c.index]
+                body.add(Note(f"net {c.net}, call {c.index}: Jacobian"), self._call(c, "jacobian"))
+                body.add(*loads)
+                body.assign(items)  # a block per call: later calls' dz read these
+        body.assign(entries)
         return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
 
     def _jac_call(self, body, c, dXdu, dXdz):
@@ -611,7 +651,7 @@ class Derivatives:
         g = self.gen[c.net]
         slot = self.slot[c.index]
         body.add(Note(f"net {c.net}, call {c.index}: Jacobian"))
-        body.extend(g.jacobian(slot["T"], slot["JN"], self.BUF))
+        body.add(self._call(c, "jacobian"))
         DX, JN, DZ = slot["DX"], slot["JN"], slot["DZ"]
         q, j, o, k = index("q"), index("j"), index("o"), index("k")
         body.add(Loop(q, DX, DX + g.n_in * n, (Assign(ws(q), sympy.S.Zero),)))
@@ -693,8 +733,8 @@ class Derivatives:
 
         nodes = [_Node(c, (c.inputs, tuple(tangent(x) for x in c.inputs)),
                        (c.outputs, zd[c.index]), True) for c in self.live]
-        S = sum((a * tangent(f) for a, f in zip(lam, self.F)), sympy.S.Zero)
-        xb, active, ubar, pbar = self._reverse_exprs(S, nodes)
+        xb, active, ubar, pbar = self._reverse_exprs(
+            [a * tangent(f) for a, f in zip(lam, self.F)], nodes)
         exprs = [e for _, cot in active for grp in cot for e in grp] + ubar + pbar
         # forward phase: inputs, input tangents and the tangent passes of every call the
         # reverse pass or the expressions need, in call order
@@ -714,8 +754,7 @@ class Derivatives:
             self._inputs(body, c)
             self._inputs(body, c, "XD", nd.inputs[1])
             body.add(Note(f"net {c.net}, call {c.index}: tangent forward"))
-            body.extend(self.gen[c.net].tangent_forward(slot["TT"], slot["X"], slot["XD"],
-                                                        slot["Y"], slot["YD"]))
+            body.add(self._call(c, "tangent_forward"))
             for k, z in enumerate(c.outputs):
                 if z in syms:
                     body.add(Assign(z, ws(slot["Y"] + k)))
@@ -773,18 +812,3 @@ class Derivatives:
 
 def _node_order(x):
     return x.n
-
-
-def _with_pbar(stmts, arr, base):
-    """Net statements with their ``pbar[...]`` updates retargeted to ``arr[base + ...]``."""
-    if arr == PBAR and base == 0:
-        return stmts
-
-    def fix(s):
-        if isinstance(s, Loop):
-            return Loop(s.var, s.start, s.stop, tuple(fix(b) for b in s.body), s.step)
-        if isinstance(s, Assign) and isinstance(s.target, At) and s.target.args[0] == PBAR:
-            return Assign(At(arr, base + s.target.args[1]), s.value, s.add)
-        return s
-
-    return [fix(s) for s in stmts]

@@ -34,7 +34,7 @@ from sympy.codegen.cfunctions import expm1, log1p, log2, log10
 from nets import activations as _act
 
 from . import irtext
-from .code import SCALAR_ARGS, Assign, At, Loop, Note, sigmoid
+from .code import SCALAR_ARGS, Assign, At, Call, Loop, Note, sigmoid
 from .graph import BOOL_OPS, Node, to_sympy
 
 __all__ = ["compile_kernels", "ir_text"]
@@ -68,18 +68,23 @@ def _is_bool(e):
 
 
 class _Function:
-    """One kernel being printed: the builder, argument pointers and scalar slots."""
+    """One kernel being printed: the builder, argument pointers and scalar slots.
 
-    def __init__(self, module, kernel, runtime, name):
+    ``subs`` gives each subroutine it calls (`sciml.model.code.Call`) as an LLVM
+    function defined in the module, or as its address (an int).
+    """
+
+    def __init__(self, module, kernel, runtime, name, subs=None, noalias=True):
         self.module = module
         self.runtime = runtime
+        self.subs = subs
         ftype = ir.FunctionType(ir.VoidType(),
                                 [F64 if a in SCALAR_ARGS else PF64 for a in kernel.args])
         fn = ir.Function(module, ftype, name=name)
         self.args = {}
         for a, arg in zip(kernel.args, fn.args):
             arg.name = a
-            if a not in SCALAR_ARGS:
+            if a not in SCALAR_ARGS and noalias:
                 arg.add_attribute("noalias")
             self.args[a] = arg
         self.fn = fn
@@ -112,6 +117,17 @@ class _Function:
                 self._assign(s)
             elif isinstance(s, Loop):
                 self._loop(s)
+            elif isinstance(s, Call):
+                fn = self.subs(s.sub)
+                if isinstance(fn, int):
+                    fn = self.b.inttoptr(ir.Constant(I64, fn), _sub_type(s.sub).as_pointer())
+                ptrs = []
+                for arr, off in s.args:
+                    name = str(arr)
+                    if name not in self.args or name in SCALAR_ARGS:
+                        raise LoweringError(f"{s.sub.name}: {name!r} is not an array argument")
+                    ptrs.append(self.b.gep(self.args[name], [self.value(off, I64)]))
+                self.b.call(fn, ptrs)
             elif not isinstance(s, Note):
                 raise LoweringError(f"not a statement: {s!r}")
 
@@ -465,9 +481,39 @@ def _intrinsic(module, name, nargs=1):
 _RUNTIME = _Runtime()
 
 
-def _lower(kernels, name, suffix):
+# A subroutine called from at most this many sites of a kernel is inlined there (the code
+# LLVM sees is as if written out); from more, it is compiled once on its own, optimised,
+# and called by address: a network applied cell by cell over a grid of 256 cells would
+# otherwise be 256 copies of it for LLVM to compile (slowly, or without optimising them).
+INLINE_SITES = 2
+
+
+def _sites(kernel):
+    """{id(subroutine): number of Call statements of it in `kernel`}."""
+    out = {}
+    for s in kernel.statements():
+        if isinstance(s, Call):
+            out[id(s.sub)] = out.get(id(s.sub), 0) + 1
+    return out
+
+
+def _inlined(sub, sites):
+    return sites.get(id(sub), 0) <= INLINE_SITES
+
+
+def _sub_type(sub):
+    return ir.FunctionType(ir.VoidType(), [F64 if a in SCALAR_ARGS else PF64 for a in sub.args])
+
+
+def _lower(kernels, name, suffix, external=None):
     """(llvmlite module with the kernels printed by `_Function`, IR texts of the graph
-    kernels printed by `sciml.model.irtext`, names of those)."""
+    kernels printed by `sciml.model.irtext`, names of those).
+
+    A subroutine called from at most `INLINE_SITES` sites of a kernel is defined in the
+    module, always inlined; one called from more is called at ``external(sub)``, its
+    address compiled apart, or without `external`, defined in the module once, never
+    inlined (IR that must not hold this process's addresses).
+    """
     module = ir.Module(name=name)
     module.triple = llvm.get_process_triple()
     texts, big = [], []
@@ -479,14 +525,33 @@ def _lower(kernels, name, suffix):
                 continue
             except irtext.LoweringError:
                 pass  # printed below, through sympy
-        f = _Function(module, k, _RUNTIME, k.name + suffix)
+        sites = _sites(k)
+
+        def subs(sub, sites=sites):
+            inline = _inlined(sub, sites)
+            if not inline and external is not None:
+                return external(sub)  # an address
+            fname = sub.name + suffix + (".inline" if inline else ".once")
+            fn = module.globals.get(fname)
+            if fn is None:
+                # Inlined, the caller's own noalias arguments say it all (on the
+                # subroutine's, LLVM would add alias scopes to the inlined code).
+                f = _Function(module, sub, _RUNTIME, fname, noalias=not inline)
+                f.emit(sub.body)
+                f.b.ret_void()
+                fn = f.fn
+                fn.linkage = "internal"
+                fn.attributes.add("alwaysinline" if inline else "noinline")
+            return fn
+
+        f = _Function(module, k, _RUNTIME, k.name + suffix, subs)
         f.emit(k.body)
         f.b.ret_void()
     return module, texts, big
 
 
 def ir_text(kernels):
-    """The LLVM IR (text, before optimisation) of `kernels`."""
+    """The LLVM IR (text, before optimisation) of `kernels`, their subroutines included."""
     module, texts, _ = _lower(kernels, "sciml_model", "")
     return "\n\n".join([str(module)] + texts)
 
@@ -500,7 +565,10 @@ BIG = 4000
 
 
 def _size(kernel):
-    return sum(1 for _ in kernel.statements())
+    """Statements, an inlined subroutine's counted at each site."""
+    sites = _sites(kernel)
+    return sum(_size(s.sub) if isinstance(s, Call) and _inlined(s.sub, sites) else 1
+               for s in kernel.statements())
 
 
 def is_big(kernel):
@@ -524,8 +592,9 @@ class _JIT:
         self.tm = self._machine(3)
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
         self._fast = None
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self._count = 0
+        self._subs = {}  # id(subroutine) -> (subroutine, address)
 
     def _machine(self, opt):
         return self.target.create_target_machine(
@@ -550,10 +619,18 @@ class _JIT:
                     out.update(self._compile(group, optimise))
             return out
 
+    def subroutine(self, sub):
+        """The address of subroutine `sub` compiled on its own, optimised (once)."""
+        with self.lock:
+            hit = self._subs.get(id(sub))
+            if hit is None:
+                hit = self._subs[id(sub)] = (sub, self._compile([sub], True)[sub.name])
+            return hit[1]
+
     def _compile(self, kernels, optimise):
         self._count += 1
         suffix = f".m{self._count}"  # symbols unique across the process's models
-        module, texts, _ = _lower(kernels, f"sciml_model{suffix}", suffix)
+        module, texts, _ = _lower(kernels, f"sciml_model{suffix}", suffix, self.subroutine)
         parsed = llvm.parse_assembly("\n\n".join([str(module)] + texts))
         parsed.verify()
         if optimise:
@@ -579,11 +656,15 @@ _jit = None
 _jit_lock = threading.Lock()
 
 
-def compile_kernels(kernels):
-    """Compile `kernels` (a list of `sciml.model.code.Kernel`); ``{name: address}``."""
+def _get_jit():
     global _jit
     if _jit is None:
         with _jit_lock:
             if _jit is None:
                 _jit = _JIT()
-    return _jit.compile(kernels)
+    return _jit
+
+
+def compile_kernels(kernels):
+    """Compile `kernels` (a list of `sciml.model.code.Kernel`); ``{name: address}``."""
+    return _get_jit().compile(kernels)

@@ -543,9 +543,8 @@ class Model:
 
     def _sparse_jacobian(self):
         """Whether the model has a kernel for its Jacobian's values on `jac_sparsity` (a
-        traced model whose networks do not read the states)."""
-        fset = self._asm.sets.get("f")
-        return fset is not None and fset.gen.has_spjac
+        traced model; not one from hand-written kernels)."""
+        return self._asm.sets.get("f") is not None
 
     def spjac(self, u, p, t=0.0):
         """df/du on its sparsity pattern: a ``scipy.sparse.csr_array`` (n_states, n_states)

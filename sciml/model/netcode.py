@@ -27,13 +27,19 @@ The tangent passes (for second derivatives) carry ``(x, xdot)`` forward and
 ``(xbar, xdotbar)`` back, with the activations' second derivatives; they are
 written plainly, one loop per product.
 
-Scratch layout (float64 offsets given by the caller, `sciml.model.derivatives`):
+Scratch layout (float64 offsets):
 
-- a *tape* per call site (`tape_size`): each hidden layer's value and each
-  non-identity layer's derivative (`tangent_tape_size` adds the second
-  derivatives and the tangents of every layer);
-- a *scratch* shared by all call sites (`scratch_size`): two cotangent rows
-  and two tangent blocks (four rows for the tangent passes).
+- a *tape* (`tape_size`): each hidden layer's value and each non-identity
+  layer's derivative (`tangent_tape_size` adds the second derivatives and the
+  tangents of every layer);
+- a *scratch* (`scratch_size`): two cotangent rows and two tangent blocks
+  (four rows for the tangent passes).
+
+A model calls each pass as a *subroutine* (`subroutine`): a kernel on one call
+site's *frame* (`frame`: the inputs, outputs, cotangents, tapes and scratch of
+one call, at offsets fixed by the chain alone), so a network applied at 256
+sites is one function, not 256 copies of it; `sciml.model.llvm` inlines those
+called from a few sites.
 """
 
 from dataclasses import dataclass
@@ -42,7 +48,7 @@ import sympy
 
 from nets import registry as _registry
 
-from .code import Assign, At, Loop, activation, array, index, real, sigmoid
+from .code import Assign, At, Kernel, Loop, activation, array, index, real, sigmoid
 
 UNROLL = 4
 BLOCK = 8
@@ -175,9 +181,12 @@ class NetGen:
         The chain's layer table (`nets.Chain.dense_layers`).
     offset : int
         Where the chain's parameters start in the model's flat vector.
+    name : str
+        The network's name in the model (names its subroutines).
     """
 
-    def __init__(self, layers, offset):
+    def __init__(self, layers, offset, name="net"):
+        self.name = name
         self.layers = [_Layer(nin, nout, a, w + offset, b + offset if b >= 0 else -1)
                        for nin, nout, a, w, b in layers]
         self.n_in = self.layers[0].nin
@@ -209,6 +218,45 @@ class NetGen:
         self._g = widest  # a cotangent row
         self._tb = self.n_in * widest  # a tangent block
         self.scratch_size = 4 * self._g + 2 * self._tb
+        ni, no = self.n_in, self.n_out
+        sizes = dict(X=ni, Y=no, V=no, XB=ni, JN=no * ni, T=self.tape_size, XD=ni, YD=no,
+                     VD=no, XDB=ni, TT=self.tangent_tape_size)
+        self.frame, off = {}, 0
+        for key, size in sizes.items():
+            self.frame[key] = off
+            off += size
+        self.frame["S"] = off = (off + 7) // 8 * 8  # the scratch on a 64-byte boundary
+        self.frame_size = (off + self.scratch_size + 7) // 8 * 8
+        self._subs = {}
+
+    def subroutine(self, kind, flag=True):
+        """Pass `kind` on one call's frame (`frame`), as a kernel of ``(ws, p)`` (``ws``
+        the frame) or ``(ws, p, pbar)`` for the reverse passes: ``forward`` (`flag`: with
+        the derivatives on the tape), ``backward`` (`flag`: the input cotangent too),
+        ``jacobian``, ``tangent_forward``, ``tangent_backward`` (`flag` as backward's)."""
+        key = (kind, bool(flag))
+        if key not in self._subs:
+            F = self.frame
+            reverse = kind in ("backward", "tangent_backward")
+            if kind == "forward":
+                body = self.forward(F["T"], F["X"], F["Y"], flag)
+            elif kind == "backward":
+                body = self.backward(F["T"], F["X"], F["Y"], F["V"], F["XB"], F["S"], flag)
+            elif kind == "jacobian":
+                body = self.jacobian(F["T"], F["JN"], F["S"])
+            elif kind == "tangent_forward":
+                body = self.tangent_forward(F["TT"], F["X"], F["XD"], F["Y"], F["YD"])
+            elif kind == "tangent_backward":
+                body = self.tangent_backward(F["TT"], F["X"], F["XD"], F["V"], F["VD"], F["XB"],
+                                             F["XDB"], F["S"], flag)
+            else:
+                raise ValueError(f"kind: expected a network pass, got {kind!r}")
+            suffix = {("forward", True): "_taped", ("backward", False): "_pbar_only",
+                      ("tangent_backward", False): "_pbar_only"}.get(key, "")
+            name = f"net_{self.name}_{kind}{suffix}"
+            self._subs[key] = Kernel(name, ("ws", "p", "pbar") if reverse else ("ws", "p"),
+                                     tuple(body))
+        return self._subs[key]
 
     # ---------------------------------------------------------------- helpers
 

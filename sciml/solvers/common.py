@@ -98,8 +98,8 @@ def linsolve_kind(model, linsolve):
     if not model._sparse_jacobian():
         if linsolve != "auto":
             raise ValueError(f"linsolve={linsolve!r} needs the Jacobian's values on its sparsity "
-                             "pattern: a model from hand-written kernels, or one whose networks "
-                             "read the states, has only the dense Jacobian; use 'dense'")
+                             "pattern: a model from hand-written kernels has only the dense "
+                             "Jacobian; use 'dense'")
         return "dense"
     if linsolve in ("sparse", "banded", "krylov"):
         return linsolve

@@ -138,9 +138,9 @@ def test_unused_net_outputs_and_calls_are_skipped():
         return [z[0], -u.y]
 
     m = sm.Model(f, ["x", "y"], [], nets={"U": zoo.ude_chain()})
-    # the unused call (0) generates nothing; call 1's forward is printed into rhs, jac, vjp
-    # and paramjac, its tangent forward into hvp (the chain-specialised code of
+    # the unused call (0) generates nothing; call 1's forward is called from rhs, jac,
+    # spjac, vjp and paramjac, its tangent forward from hvp (the chain-specialised code of
     # `sciml.model.netcode`)
     assert "call 0" not in m.source
-    assert m.source.count("# net U, call 1: forward") == 4
+    assert m.source.count("# net U, call 1: forward") == 5
     assert m.source.count("# net U, call 1: tangent forward") == 1

@@ -14,6 +14,8 @@ of the reference Jacobian. The activation formulas are compiled on their own
 against `nets.activations`, and custom activations run inside models.
 """
 
+import importlib.util
+import re
 import warnings
 
 import numba
@@ -236,6 +238,171 @@ def test_a_net_after_mechanistic_parameters_and_another_net():
         ref = np.zeros(chain.n_params)
         chain.vjp_into(np.empty(2), ref, np.array(v), u, p, chain.workspace())
         close(pbar[m.param_slices[name]], ref, rtol=1e-12, atol=1e-14, err_msg=name)
+
+
+# ------------------------------------------------------ a network called at many sites
+
+
+CELLS = 7  # more sites than llvm.INLINE_SITES: each pass is a subroutine called by address
+
+
+def _cells(u, p, t, nets):
+    """A row of cells: diffusion between neighbours (zero flux at the ends), a network R of
+    the cell's state and its right neighbour's (cyclic), and a network S of R's second
+    output (a call fed by a call)."""
+    n = len(u)
+    out = []
+    for i in range(n):
+        left, right = u[max(i - 1, 0)], u[min(i + 1, n - 1)]
+        r = nets.R([u[i], p.k * u[(i + 1) % n]])
+        q = nets.S([r[1]])
+        out.append(p.D * (left - 2 * u[i] + right) + r[0] * (1.0 + 0.1 * u[i]) + q[0])
+    return out
+
+
+class CellsRef:
+    """`_cells` on numbers, its derivatives by the chain rule over `NetRef`'s."""
+
+    def __init__(self, model, theta):
+        self.n = model.n_states
+        self.D, self.k = theta[0], theta[1]
+        self.sl = model.param_slices
+        self.R = NetRef(model.nets["R"], theta[self.sl["R"]])
+        self.S = NetRef(model.nets["S"], theta[self.sl["S"]])
+        n = self.n
+        self.L = np.zeros((n, n))
+        for i in range(n):
+            self.L[i, max(i - 1, 0)] += 1
+            self.L[i, min(i + 1, n - 1)] += 1
+            self.L[i, i] -= 2
+
+    def cell(self, u, i):
+        """(x, r, g): the inputs of R, its outputs, and d f_i / dx through R and S."""
+        x = np.array([u[i], self.k * u[(i + 1) % self.n]])
+        r = self.R(x)
+        JR, JS = self.R.jacobian(x), self.S.jacobian(r[1:])
+        return x, r, (1.0 + 0.1 * u[i]) * JR[0] + JS[0, 0] * JR[1]
+
+    def rhs(self, u):
+        out = self.D * self.L @ u
+        for i in range(self.n):
+            x, r, _ = self.cell(u, i)
+            out[i] += r[0] * (1.0 + 0.1 * u[i]) + self.S(r[1:])[0]
+        return out
+
+    def jac(self, u):
+        J = self.D * self.L
+        for i in range(self.n):
+            _, r, g = self.cell(u, i)
+            J[i, i] += 0.1 * r[0] + g[0]
+            J[i, (i + 1) % self.n] += g[1] * self.k
+        return J
+
+    def vjp(self, lam, u, n_params):
+        pbar = np.zeros(n_params)
+        pbar[0] = lam @ self.L @ u
+        for i in range(self.n):
+            x, r, g = self.cell(u, i)
+            j = (i + 1) % self.n
+            pbar[1] += lam[i] * g[1] * u[j]
+            JS = self.S.jacobian(r[1:])
+            pbar[self.sl["R"]] += self.R.vjp(x, lam[i] * np.array([1.0 + 0.1 * u[i],
+                                                                   JS[0, 0]]))[1]
+            pbar[self.sl["S"]] += self.S.vjp(r[1:], lam[i:i + 1])[1]
+        return lam @ self.jac(u), pbar
+
+
+@pytest.fixture(scope="module")
+def cells():
+    R = Chain(2, Dense(5, "tanh"), Dense(2))
+    S = Chain(1, Dense(3, "sigmoid"), Dense(1))
+    m = sm.Model(_cells, [f"c{i}" for i in range(CELLS)], ["D", "k"], nets={"R": R, "S": S})
+    theta = m.init_params(D=0.7, k=-0.8)
+    theta[2:] = 0.5 * np.random.default_rng(11).standard_normal(m.n_params - 2)
+    u = np.random.default_rng(12).uniform(-1.0, 1.0, CELLS)
+    return m, theta, u, CellsRef(m, theta)
+
+
+def test_passes_called_at_many_sites_are_subroutines(cells):
+    m = cells[0]
+    fset = m._asm.sets["f"]
+    for kernel, method in (("rhs", "values"), ("vjp", "vjp"), ("spjac", "spjac")):
+        sites = llvm._sites(fset.tree(kernel, method))
+        assert sites and min(sites.values()) == CELLS > llvm.INLINE_SITES, kernel
+    src = m.source
+    assert src.count("def net_R_forward(") == 1
+    assert len(re.findall(r"^\s+net_R_forward\(ws", src, re.M)) == CELLS  # the rhs's calls
+
+
+def test_many_sites_agree_with_the_chain_rule(cells, rng):
+    m, theta, u, ref = cells
+    close(m.rhs(u, theta, T), ref.rhs(u), rtol=1e-13, atol=1e-14, err_msg="rhs")
+    close(ref.jac(u), central_diff(ref.rhs, u), err_msg="the reference's Jacobian")
+    close(m.jac(u, theta, T), ref.jac(u), rtol=1e-12, atol=1e-13, err_msg="jac")
+    lam = rng.standard_normal(CELLS)
+    ubar, pbar = m.vjp(lam, u, theta, T)
+    ubar_ref, pbar_ref = ref.vjp(lam, u, m.n_params)
+    close(ubar, ubar_ref, rtol=1e-12, atol=1e-13, err_msg="ubar")
+    close(pbar, pbar_ref, rtol=1e-12, atol=1e-13, err_msg="pbar")
+    close(m.paramjac(u, theta, T), central_diff(lambda th: m.rhs(u, th, T), theta),
+          err_msg="paramjac")
+    v = rng.standard_normal(CELLS)
+    hu, hp = m.hvp(lam, v, u, theta, T)
+    close(hu, central_diff(lambda x: lam @ ref.jac(x) @ v, u), err_msg="hvp ubar")
+    close(hp, central_diff(lambda th: lam @ CellsRef(m, th).jac(u) @ v, theta),
+          err_msg="hvp pbar")
+
+
+def test_sparse_jacobian_through_network_calls(cells):
+    # the pattern: the diffusion's tridiagonal band, and R's cyclic right neighbour
+    m, theta, u, ref = cells
+    S = m.spjac(u, theta, T)
+    expected = (np.abs(ref.L) + np.roll(np.eye(CELLS), 1, axis=1)) > 0
+    np.testing.assert_array_equal(m.jac_sparsity.toarray() != 0, expected)
+    close(S.toarray(), ref.jac(u), rtol=1e-12, atol=1e-13)
+
+
+def test_many_sites_python_source_agrees(cells, rng, tmp_path):
+    # numba's compile of the rendered source (subroutines called on array slices)
+    m, theta, u, _ = cells
+    path = tmp_path / "cells_source.py"
+    path.write_text(m.source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lam = rng.standard_normal(CELLS)
+    y = np.empty(CELLS)
+    mod.rhs(y, u, theta, T, m.workspace())
+    close(y, m.rhs(u, theta, T), rtol=1e-13, atol=1e-14, err_msg="rhs")
+    Jx = np.empty(m.jac_sparsity.nnz)
+    mod.spjac(Jx, u, theta, T, m.workspace())
+    close(Jx, m.spjac(u, theta, T).data, rtol=1e-12, atol=1e-13, err_msg="spjac")
+    ubar, pbar = np.empty(CELLS), np.zeros(m.n_params)
+    mod.vjp(ubar, pbar, lam, u, theta, T, m.workspace())
+    ub, pb = m.vjp(lam, u, theta, T)
+    close(ubar, ub, rtol=1e-12, atol=1e-13, err_msg="ubar")
+    close(pbar, pb, rtol=1e-12, atol=1e-13, err_msg="pbar")
+
+
+@pytest.mark.parametrize("linsolve", ["sparse", "banded"])
+def test_a_ude_solves_and_differentiates_with_sparse_linear_algebra(cells, linsolve):
+    import adjoints
+
+    m, theta, u, _ = cells
+    prob = sciml.ODEProblem(m, u, (0.0, 1.0), theta)
+    ts = np.linspace(0.2, 1.0, 5)
+    data = sciml.Data(ts, np.zeros((5, CELLS)))
+    out = {}
+    for kind in ("dense", linsolve):
+        solver = sciml.Rodas5(linsolve=kind)
+        sol = sciml.solve(prob, solver, rtol=1e-10, atol=1e-12, saveat=ts)
+        out[kind] = (np.asarray(sol.u), *sciml.loss_and_grad(
+            prob, data, solver=solver, sensealg=adjoints.GaussAdjoint(), rtol=1e-10,
+            atol=1e-12))
+    (ud, ld, gd), (us, ls, gs) = out["dense"], out[linsolve]
+    close(us, ud, rtol=1e-9, atol=1e-12, err_msg="solution")
+    close(ls, ld, rtol=1e-9, atol=0.0, err_msg="loss")
+    close(gs, gd, rtol=1e-7, atol=1e-9, err_msg="gradient")
 
 
 # ------------------------------------------------------------- activation formulas

@@ -40,8 +40,19 @@ def test_pattern_through_a_network():
     m = sciml.Model(f, ["a", "b", "c"], ["k"], nets={"U": net})
     np.testing.assert_array_equal(m.jac_sparsity.toarray(),
                                   [[1, 0, 0], [1, 1, 0], [0, 0, 1]])
-    assert common.linsolve_kind(m, "auto") == "dense"
-    with pytest.raises(ValueError, match="linsolve='sparse'"):
+    assert common.linsolve_kind(m, "auto") == "dense"  # (3 states)
+    assert common.linsolve_kind(m, "sparse") == "sparse"
+    u, p = np.array([0.3, -0.2, 0.9]), m.init_params(k=0.7, seed=1)
+    S = m.spjac(u, p, 0.0)
+    np.testing.assert_array_equal(S.indptr, m.jac_sparsity.indptr)
+    np.testing.assert_allclose(S.toarray(), m.jac(u, p, 0.0), rtol=1e-14, atol=1e-15)
+
+
+def test_hand_written_kernels_have_no_sparse_jacobian():
+    from . import hatch_kernels as hk
+
+    m = sciml.Model.from_kernels(hk.decay_rhs, hk.decay_vjp, ["x"], ["k"])
+    with pytest.raises(ValueError, match="linsolve='sparse'.*hand-written"):
         common.linsolve_kind(m, "sparse")
 
 
