@@ -182,17 +182,20 @@ def our_solve_work(prob, target_s):
     return H.Work("ours-Rodas5-auto", fn, target_s)
 
 
-def breakdown(model, prob):
-    """Where the forward solve's time goes: its counts times each kernel call's time."""
+def breakdown(model, prob, picked):
+    """Where the forward solve's time goes: its counts times each kernel call's time, with
+    the Jacobian and LU that ``linsolve=picked`` uses."""
     import sciml
+    from sciml.model import llvm
+    from sciml.model.assembly import call
+    from sciml.solvers import common
+    from sciml.solvers.kernels import sparse
     from sciml.solvers.kernels.lu import lu_factor_into
 
     sol = sciml.solve(prob, sciml.Rodas5(), rtol=RTOL, atol=ATOL, saveat=TS)
     st = sol.stats
     u, p = np.asarray(sol.u)[-1], prob.params
-    J = model.jac(u, p, 0.0)
-    W = np.eye(N) / 0.01 - J
-    buf, piv = W.copy(), np.zeros(N, dtype=np.int64)
+    ws = model.workspace()
     w = np.zeros(N)
 
     def per_call(fn, seconds=0.2):
@@ -203,27 +206,40 @@ def breakdown(model, prob):
             calls += 1
         return (time.perf_counter() - t0) / calls
 
-    def lu():
-        buf[:] = W
-        lu_factor_into(buf, piv)
+    if picked == "dense":
+        jac_name, jac_out = "jac", np.zeros((N, N))
+        W = np.eye(N) / 0.01 - model.jac(u, p, 0.0)
+        buf, piv = W.copy(), np.zeros(N, dtype=np.int64)
 
-    def vjp():
-        model.vjp(w, u, p, 0.0)
+        def copy():
+            buf[:] = W
 
-    def copy():
-        buf[:] = W
+        def lu():
+            copy()
+            lu_factor_into(buf, piv)
 
-    lu_s = per_call(lu) - per_call(copy)
-    from sciml.model import llvm
+        lu_s = per_call(lu) - per_call(copy)
+    else:
+        jac_name, jac_out = "spjac", np.zeros(model.jac_sparsity.nnz)
+        s = common.linear_algebra(model, picked)
+        s.Jx[:] = model.spjac(u, p, 0.0).data
+        lu_s = per_call(lambda: sparse.factor(s, s.LU1, 100.0, -1.0))
+    # the kernels called as the engine calls them: preallocated outputs, no Python wrapper
+    table = model.kernel_table("rhs", "vjp", jac_name)
+    du, ubar, pbar = np.zeros(N), np.zeros(N), np.zeros(p.shape[0])
+
+    def kernel(name, arrays):
+        return lambda: call(table, name, arrays, 0.0, ws)
 
     fset = model._asm.sets["f"]  # the kernels' sizes decide how LLVM compiles them
     sizes = {k: llvm._size(fset.tree(k, meth)) for k, meth in
-             (("rhs", "values"), ("vjp", "vjp"), ("jac", "jac"))}
+             (("rhs", "values"), ("vjp", "vjp"), (jac_name, jac_name if jac_name == "spjac"
+                                                   else "jac"))}
     return {"statements": sizes, "optimised_below": llvm.BIG,
             "steps": st["n_accepted"] + st["n_rejected"], "nfev": st["nfev"],
-            "njac": st["njac"], "nlu": st["nlu"], "rhs_s": per_call(lambda: model.rhs(u, p, 0.0)),
-            "jac_s": per_call(lambda: model.jac(u, p, 0.0)), "lu_s": lu_s,
-            "vjp_s": per_call(vjp)}
+            "njac": st["njac"], "nlu": st["nlu"], "rhs_s": per_call(kernel("rhs", (du, u, p))),
+            "jac_s": per_call(kernel(jac_name, (jac_out, u, p))), "lu_s": lu_s,
+            "vjp_s": per_call(kernel("vjp", (ubar, pbar, w, u, p)))}
 
 
 # --------------------------------------------------------------------------- diffrax
@@ -392,7 +408,7 @@ def main(argv=None) -> int:
     print(H.OtherLoad.note(sload, "during the timing"))
 
     # --- where our forward solve's time goes
-    b = breakdown(model, prob)
+    b = breakdown(model, prob, picked)
     parts = {"rhs": b["nfev"] * b["rhs_s"], "jac": b["njac"] * b["jac_s"],
              "LU": b["nlu"] * b["lu_s"]}
     fwd = next((r["median_s"] for r in srows if r["impl"] == "ours-Rodas5-auto"), None)

@@ -48,7 +48,7 @@ Each pass of a call is a `Call` of the network's subroutine
 (`netcode.NetGen.subroutine`) on the call's frame. Scratch layout (float64
 offsets, fixed at generation time), per live call c::
 
-    frame (X | Y | V | XB | JN | T | XD | YD | VD | XDB | TT | S) | DX | DZ
+    frame: X | Y | V | XB | JN | T | XD | YD | VD | XDB | TT | S
 
 each frame on a 64-byte boundary, then LAM, UB (n each) for `paramjac`.
 """
@@ -301,10 +301,6 @@ class Derivatives:
             slot = {key: off + rel for key, rel in g.frame.items()}
             slot["base"] = off
             off += g.frame_size
-            slot["DX"] = off
-            off += g.n_in * max(n, 1)
-            slot["DZ"] = off
-            off += g.n_out * max(n, 1)
             self.slot[c.index] = slot
         self.LAM, self.UB = off, off + self.m
         off += self.m + max(n, 1)
@@ -496,52 +492,8 @@ class Derivatives:
                                for i, row in enumerate(self._graph_rows(self.Un))
                                for j, x in row if x is not self.graph.ZERO])
             return body.kernel(name, ["J", "u", "p", "t", "ws"], self.base_loads)
-        dXdu, dXdz, has_du = {}, {}, {}
-        for c in self.live:
-            dXdu[c.index] = [_row(x, self.u) for x in c.inputs]
-            nested = []
-            for k, x in enumerate(c.inputs):
-                for c2 in self.live:
-                    if c2.index < c.index and has_du[c2.index]:
-                        for o, z in enumerate(c2.outputs):
-                            if z in x.free_symbols:
-                                nested.append((k, c2, o, _diff(x, z)))
-            dXdz[c.index] = [t for t in nested if t[3] != 0]
-            has_du[c.index] = bool(dXdz[c.index]) or any(e != 0 for r in dXdu[c.index]
-                                                         for e in r)
-        dFdu = [_row(f, self.u) for f in self.F]
-        dFdz = [(i, c, o, _diff(f, z)) for i, f in enumerate(self.F) for c in self.live
-                if has_du[c.index] for o, z in enumerate(c.outputs) if z in f.free_symbols]
-        dFdz = [t for t in dFdz if t[3] != 0]
-        relevant = {c.index for _, c, _, _ in dFdz}
-        for c in reversed(self.live):
-            if c.index in relevant:
-                relevant |= {c2.index for _, c2, _, _ in dXdz[c.index]}
-        jcalls = [c for c in self.live if c.index in relevant]
-
-        exprs = [e for row in dFdu for e in row] + [t[3] for t in dFdz]
-        for c in jcalls:
-            exprs += [e for row in dXdu[c.index] for e in row] + [t[3] for t in dXdz[c.index]]
-        need_in, fwd, syms = self._forward_needs(exprs, jcalls)
-        body = _Body()
-        for c in self.live:
-            taped = c.index in relevant
-            if c.index in need_in:
-                self._inputs(body, c)
-            if c.index in fwd or taped:
-                self._forward(body, c, syms, need_d=taped)
-            if c.index in relevant:
-                self._jac_call(body, c, dXdu[c.index], dXdz[c.index])
         J = array("J")
-        items = [(At(J, i * n + j), e, False) for i, row in enumerate(dFdu)
-                 for j, e in enumerate(row)]
-        bs = _symbols("_b", len(dFdz))
-        items += [(b, e, False) for b, (_, _, _, e) in zip(bs, dFdz)]
-        body.assign(items)
-        jj = index("j")
-        for b, (i, c, o, _) in zip(bs, dFdz):
-            dz = self.slot[c.index]["DZ"] + o * n
-            body.add(Loop(jj, 0, n, (Assign(At(J, i * n + jj), b * ws(dz + jj), add=True),)))
+        body = self._jacobian_body(lambda i, j, k: At(J, i * n + j), zero=(J, self.m * n))
         return body.kernel(name, ["J", "u", "p", "t", "ws"], self.base_loads)
 
     def _reads(self):
@@ -600,9 +552,22 @@ class Derivatives:
             body.assign_nodes([(at(JX, k), x, False) for k, x in enumerate(
                 x for row in self._graph_rows(self.Un) for _, x in row)])
             return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
+        body = self._jacobian_body(lambda i, j, k: At(JX, k))
+        return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
+
+    def _jacobian_body(self, target, zero=None):
+        """Statements writing each structural entry (i, j) of dF/du, k-th in CSR order, to
+        ``target(i, j, k)`` (after zeroing ``zero = (array, size)`` if given).
+
+        An entry is one symbolic derivative plus, through each network call that reads
+        the states, the chain rule: ``dz/du_j = J_net dx/du_j`` over the states j the
+        call's inputs read (its Jacobian pass, then a few products per state), so the
+        code grows with the non-zeros, not with n a call.
+        """
+        indptr, indices = self.sparsity()
         reads, reading = self._reads()
         dz = {}  # (output symbol of a call, state index) -> the symbol of dz/du_j
-        blocks = {}  # call index -> (JN loads, dz items) emitted after its Jacobian pass
+        blocks = {}  # call index -> (JN loads, dz items), emitted after its Jacobian pass
 
         def total(e, j):
             """de/du_j, through the calls' outputs e reads."""
@@ -625,12 +590,22 @@ class Derivatives:
             loads = [Assign(jn[o][k], ws(JN + o * g.n_in + k)) for o in range(g.n_out)
                      for k in range(g.n_in)]
             blocks[c.index] = (loads, items)
-        entries = [(At(JX, int(k)), total(f, int(indices[k])), False)
+        entries = [(target(i, int(indices[k]), int(k)), total(f, int(indices[k])), False)
                    for i, f in enumerate(self.F) for k in range(indptr[i], indptr[i + 1])]
-        exprs = [e for _, e, _ in entries] + [e for _, (_, its) in blocks.items()
-                                              for _, e, _ in its]
-        need_in, fwd, syms = self._forward_needs(exprs, reading)
+        # the calls whose dz the entries read, directly or through later calls' dz
+        need = _free(e for _, e, _ in entries)
+        for c in reversed(reading):
+            items = blocks[c.index][1]
+            if need & {s for s, _, _ in items}:
+                need |= _free(e for _, e, _ in items)
+            else:
+                del blocks[c.index]
+        jcalls = [c for c in reading if c.index in blocks]
+        exprs = [e for _, e, _ in entries] + [e for _, its in blocks.values() for _, e, _ in its]
+        need_in, fwd, syms = self._forward_needs(exprs, jcalls)
         body = _Body()
+        if zero is not None:
+            body.zero(*zero)
         for c in self.live:
             taped = c.index in blocks
             if c.index in need_in:
@@ -643,32 +618,7 @@ class Derivatives:
                 body.add(*loads)
                 body.assign(items)  # a block per call: later calls' dz read these
         body.assign(entries)
-        return body.kernel(name, ["Jx", "u", "p", "t", "ws"], self.base_loads)
-
-    def _jac_call(self, body, c, dXdu, dXdz):
-        """DZ_c = (net Jacobian) @ (total dX_c/du), with dX_c/du through earlier nets."""
-        n = self.n
-        g = self.gen[c.net]
-        slot = self.slot[c.index]
-        body.add(Note(f"net {c.net}, call {c.index}: Jacobian"))
-        body.add(self._call(c, "jacobian"))
-        DX, JN, DZ = slot["DX"], slot["JN"], slot["DZ"]
-        q, j, o, k = index("q"), index("j"), index("o"), index("k")
-        body.add(Loop(q, DX, DX + g.n_in * n, (Assign(ws(q), sympy.S.Zero),)))
-        items = [(ws(DX + kk * n + jj), e, False) for kk, row in enumerate(dXdu)
-                 for jj, e in enumerate(row) if e != 0]
-        aa = _symbols(f"_a{c.index}_", len(dXdz))
-        items += [(a, t[3], False) for a, t in zip(aa, dXdz)]
-        body.assign(items)
-        for a, (kk, c2, o2, _) in zip(aa, dXdz):
-            dz2 = self.slot[c2.index]["DZ"] + o2 * n
-            body.add(Loop(j, 0, n, (Assign(ws(DX + kk * n + j), a * ws(dz2 + j), add=True),)))
-        acc = sympy.Symbol("_acc", real=True)
-        body.add(Loop(o, 0, g.n_out, (Loop(j, 0, n, (
-            Assign(acc, sympy.S.Zero),
-            Loop(k, 0, g.n_in, (Assign(acc, ws(JN + o * g.n_in + k) * ws(DX + k * n + j),
-                                       add=True),)),
-            Assign(ws(DZ + o * n + j), acc))),)))
+        return body
 
     def paramjac(self, name):
         """``name(Jp, u, p, t, ws)``: Jp = dF/dp, (m, n_params) row-major, written whole."""
