@@ -23,6 +23,12 @@ first call in this process (our model's kernels compiled, the engine loaded
 from its disk cache; pydiffsol's JIT counted in its build), "build" the
 model's construction. Run as ``python -m benchmarks.stiff_scaling [--quick]
 [--groups 1,10,100,1000] [--json PATH]``.
+
+``--equal-accuracy 100,1000,10000`` compares at equal accuracy instead: for
+each tolerance of ``--tols``, pydiffsol's BDF at that rtol sets the error to
+reach; ours (BDF and Rodas5) run over a sweep of rtols around it (`SWEEP`),
+and each one's time at pydiffsol's error is read off its sweep (log-log
+interpolation between the two solves that bracket it).
 """
 
 import json
@@ -189,6 +195,75 @@ def impls(ng, tol):
     return out, quality, ref, build
 
 
+# Equal accuracy (``--equal-accuracy``): each of ours swept over rtols around pydiffsol's
+# (these factors), and its time at pydiffsol's error read off the sweep.
+SWEEP = {"ours-BDF": (2.0, 1.0, 0.5, 0.25), "ours-Rodas5": (100.0, 30.0, 10.0, 3.0, 1.0)}
+
+
+def at_error(points, target):
+    """The time at error ``target`` on a work-precision sweep ``[(error, seconds)]``,
+    interpolated linearly in log-log between the two solves adjacent in error that
+    bracket it; None if none do."""
+    pts = sorted(points)
+    for (e0, t0), (e1, t1) in zip(pts, pts[1:]):
+        if e0 <= target <= e1 and e0 > 0:
+            if e1 == e0:
+                return min(t0, t1)
+            f = np.log(target / e0) / np.log(e1 / e0)
+            return float(np.exp(np.log(t0) + f * (np.log(t1) - np.log(t0))))
+    return None
+
+
+def equal_accuracy(ng, tol, repeats):
+    """Ours (BDF and Rodas5, each over its `SWEEP`) against pydiffsol's BDF at ``tol``:
+    every solve's time and error, and ours' time at pydiffsol's error."""
+    import sciml
+
+    ds, err = H.optional_import("pydiffsol")
+    if ds is None:
+        return {"error": err}
+    ref = reference(ng)
+    model = ours_model(ng)
+    prob = sciml.ODEProblem(model, u0=np.tile([1.0, 0.0, 0.0], ng), tspan=(0.0, T_END),
+                            params=np.array(K))
+    imps, quality = [], {}
+    for name, factors in SWEEP.items():
+        solver = sciml.BDF() if name == "ours-BDF" else sciml.Rodas5()
+        for fct in factors:
+            rtol, box = tol * fct, {}
+
+            def run(solver=solver, rtol=rtol, box=box):
+                box["u"] = sciml.solve(prob, solver, rtol=rtol, atol=1e-4 * rtol,
+                                       saveat=[T_END]).u
+            imp = timed(f"{name} rtol {rtol:.3g}", run)
+            imps.append(imp)
+            quality[imp.name] = (name, rtol, box, lambda b: np.asarray(b["u"])[-1].reshape(ng, 3))
+    ode = ds.Ode(diffsl(ng), matrix_type=ds.nalgebra_dense if ng < 20 else ds.faer_sparse,
+                 scalar_type=ds.f64)
+    ode.ode_solver = ds.bdf
+    ode.rtol, ode.atol = tol, 1e-4 * tol
+    box = {}
+
+    def run_ds(box=box):
+        box["y"] = np.asarray(ode.solve_dense(np.array([]), np.array([T_END])).ys)
+    imp = timed(f"pydiffsol-BDF rtol {tol:.3g}", run_ds)
+    imps.append(imp)
+    quality[imp.name] = ("pydiffsol-BDF", tol, box, lambda b: b["y"][:, -1].reshape(3, ng).T)
+    load = H.OtherLoad().start()
+    H.time_alternating(imps, repeats, pause_s=0.05)
+    cores = load.stop()
+    rows = []
+    for imp in imps:
+        who, rtol, b, get = quality[imp.name]
+        rows.append({"impl": who, "rtol": rtol, "median_s": float(np.median(imp.times)),
+                     "rel_error": rel_error(get(b), ref)})
+    peer = rows[-1]
+    at = {name: at_error([(r["rel_error"], r["median_s"]) for r in rows if r["impl"] == name],
+                         peer["rel_error"]) for name in SWEEP}
+    return {"ngroups": ng, "states": 3 * ng, "rtol": tol, "other_load": cores, "rows": rows,
+            "pydiffsol": peer, "ours_at_its_error_s": at}
+
+
 def _diffrax(ng, tol, atol, quality):
     try:
         import diffrax
@@ -334,11 +409,17 @@ def main(argv=None):
                    help="comma-separated ngroups (default 1,10,100,1000)")
     p.add_argument("--tols", default="1e-4,1e-8")
     p.add_argument("--bruss", default="16,32", help="2-D Brusselator grid sizes N (N x N)")
+    p.add_argument("--equal-accuracy", default="", metavar="GROUPS",
+                   help="comma-separated ngroups: ours swept over rtols against pydiffsol at "
+                        "each of --tols, ours' time read off at pydiffsol's error (then only "
+                        "this runs)")
     args = p.parse_args(argv)
     groups = [int(g) for g in args.groups.split(",") if g]
     tols = [float(t) for t in args.tols.split(",")]
     repeats = 3 if args.quick else 7
     print(H.busy_note())
+    if args.equal_accuracy:
+        return _equal_accuracy_main(args, tols, repeats)
     if args.quick:
         groups = [g for g in groups if g <= 10]
     results = []
@@ -396,6 +477,36 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"bench": "stiff_scaling", "machine": H.machine_info(1),
                        "results": results}, f, indent=1)
+            f.write("\n")
+
+
+
+def _equal_accuracy_main(args, tols, repeats):
+    results = []
+    for ng in [int(g) for g in args.equal_accuracy.split(",") if g]:
+        for tol in tols:
+            r = equal_accuracy(ng, tol, repeats)
+            if "error" in r:
+                print(f"pydiffsol: {r['error']}")
+                return
+            peer = r["pydiffsol"]
+            print(f"\nRobertson x {ng} ({3 * ng} states), pydiffsol BDF at rtol {tol:g}: "
+                  f"{peer['median_s'] * 1e3:.2f} ms, error {peer['rel_error']:.2e}; "
+                  f"{H.OtherLoad.note(r['other_load'], 'while timing')}")
+            for row in r["rows"][:-1]:
+                print(f"  {row['impl']:12s} rtol {row['rtol']:8.2g} {row['median_s'] * 1e3:9.2f} ms"
+                      f"  error {row['rel_error']:.2e}")
+            for name, t in r["ours_at_its_error_s"].items():
+                what = "not bracketed by its sweep" if t is None else \
+                    f"{t * 1e3:.2f} ms at error {peer['rel_error']:.2e}: pydiffsol / ours " \
+                    f"{peer['median_s'] / t:.2f}x"
+                print(f"  {name} {what}")
+            results.append(r)
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"bench": "stiff_scaling --equal-accuracy", "machine": H.machine_info(1),
+                       "sweep": SWEEP, "results": results}, f, indent=1)
             f.write("\n")
 
 
