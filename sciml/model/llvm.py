@@ -481,11 +481,13 @@ def _intrinsic(module, name, nargs=1):
 _RUNTIME = _Runtime()
 
 
-# A subroutine called from at most this many sites of a kernel is inlined there (the code
-# LLVM sees is as if written out); from more, it is compiled once on its own, optimised,
-# and called by address: a network applied cell by cell over a grid of 256 cells would
-# otherwise be 256 copies of it for LLVM to compile (slowly, or without optimising them).
-INLINE_SITES = 2
+# A subroutine is inlined at its call sites in a kernel while its copies there add up to at
+# most this many statements (the code LLVM sees is as if written out: a small network called
+# at three sites ran ~10 % slower through calls); past that it is compiled once on its own,
+# optimised, and called by address: a network applied cell by cell over a grid of 256
+# cells would otherwise be 256 copies for LLVM to compile (slowly, or without optimising
+# them, past `BIG`).
+INLINE_STATEMENTS = 1000
 
 
 def _sites(kernel):
@@ -498,7 +500,7 @@ def _sites(kernel):
 
 
 def _inlined(sub, sites):
-    return sites.get(id(sub), 0) <= INLINE_SITES
+    return sites.get(id(sub), 0) * _size(sub) <= INLINE_STATEMENTS
 
 
 def _sub_type(sub):
@@ -509,9 +511,9 @@ def _lower(kernels, name, suffix, external=None):
     """(llvmlite module with the kernels printed by `_Function`, IR texts of the graph
     kernels printed by `sciml.model.irtext`, names of those).
 
-    A subroutine called from at most `INLINE_SITES` sites of a kernel is defined in the
-    module, always inlined; one called from more is called at ``external(sub)``, its
-    address compiled apart, or without `external`, defined in the module once, never
+    A subroutine whose copies at its sites in a kernel stay within `INLINE_STATEMENTS` is
+    defined in the module, always inlined; a larger one is called at ``external(sub)``,
+    its address compiled apart, or without `external`, defined in the module once, never
     inlined (IR that must not hold this process's addresses).
     """
     module = ir.Module(name=name)

@@ -38,8 +38,8 @@ Scratch layout (float64 offsets):
 A model calls each pass as a *subroutine* (`subroutine`): a kernel on one call
 site's *frame* (`frame`: the inputs, outputs, cotangents, tapes and scratch of
 one call, at offsets fixed by the chain alone), so a network applied at 256
-sites is one function, not 256 copies of it; `sciml.model.llvm` inlines those
-called from a few sites.
+sites is one function, not 256 copies of it; `sciml.model.llvm` inlines it
+where its copies stay small.
 """
 
 from dataclasses import dataclass

@@ -243,7 +243,7 @@ def test_a_net_after_mechanistic_parameters_and_another_net():
 # ------------------------------------------------------ a network called at many sites
 
 
-CELLS = 7  # more sites than llvm.INLINE_SITES: each pass is a subroutine called by address
+CELLS = 7
 
 
 def _cells(u, p, t, nets):
@@ -312,30 +312,39 @@ class CellsRef:
         return lam @ self.jac(u), pbar
 
 
-@pytest.fixture(scope="module")
-def cells():
+@pytest.fixture(scope="module", params=["inlined", "called"])
+def cells(request):
+    """The model, its passes inlined at the 7 sites (the default budget) or, with no budget
+    for copies (`llvm.INLINE_STATEMENTS` = 0, as a grid of many cells gets), compiled
+    apart and called by address; the kernels compile on first use, under the budget."""
     R = Chain(2, Dense(5, "tanh"), Dense(2))
     S = Chain(1, Dense(3, "sigmoid"), Dense(1))
-    m = sm.Model(_cells, [f"c{i}" for i in range(CELLS)], ["D", "k"], nets={"R": R, "S": S})
-    theta = m.init_params(D=0.7, k=-0.8)
-    theta[2:] = 0.5 * np.random.default_rng(11).standard_normal(m.n_params - 2)
-    u = np.random.default_rng(12).uniform(-1.0, 1.0, CELLS)
-    return m, theta, u, CellsRef(m, theta)
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "called":
+            mp.setattr(llvm, "INLINE_STATEMENTS", 0)
+        m = sm.Model(_cells, [f"c{i}" for i in range(CELLS)], ["D", "k"],
+                     nets={"R": R, "S": S})
+        theta = m.init_params(D=0.7, k=-0.8)
+        theta[2:] = 0.5 * np.random.default_rng(11).standard_normal(m.n_params - 2)
+        u = np.random.default_rng(12).uniform(-1.0, 1.0, CELLS)
+        yield m, theta, u, CellsRef(m, theta), request.param
 
 
-def test_passes_called_at_many_sites_are_subroutines(cells):
-    m = cells[0]
+def test_passes_at_many_sites_are_one_subroutine_each(cells):
+    m, called = cells[0], cells[4] == "called"
     fset = m._asm.sets["f"]
     for kernel, method in (("rhs", "values"), ("vjp", "vjp"), ("spjac", "spjac")):
-        sites = llvm._sites(fset.tree(kernel, method))
-        assert sites and min(sites.values()) == CELLS > llvm.INLINE_SITES, kernel
+        tree = fset.tree(kernel, method)
+        sites = llvm._sites(tree)
+        assert sites and min(sites.values()) == CELLS, kernel
+        assert all(llvm._inlined(s, sites) != called for s in tree.subroutines()), kernel
     src = m.source
     assert src.count("def net_R_forward(") == 1
     assert len(re.findall(r"^\s+net_R_forward\(ws", src, re.M)) == CELLS  # the rhs's calls
 
 
 def test_many_sites_agree_with_the_chain_rule(cells, rng):
-    m, theta, u, ref = cells
+    m, theta, u, ref, _ = cells
     close(m.rhs(u, theta, T), ref.rhs(u), rtol=1e-13, atol=1e-14, err_msg="rhs")
     close(ref.jac(u), central_diff(ref.rhs, u), err_msg="the reference's Jacobian")
     close(m.jac(u, theta, T), ref.jac(u), rtol=1e-12, atol=1e-13, err_msg="jac")
@@ -355,7 +364,7 @@ def test_many_sites_agree_with_the_chain_rule(cells, rng):
 
 def test_sparse_jacobian_through_network_calls(cells):
     # the pattern: the diffusion's tridiagonal band, and R's cyclic right neighbour
-    m, theta, u, ref = cells
+    m, theta, u, ref, _ = cells
     S = m.spjac(u, theta, T)
     expected = (np.abs(ref.L) + np.roll(np.eye(CELLS), 1, axis=1)) > 0
     np.testing.assert_array_equal(m.jac_sparsity.toarray() != 0, expected)
@@ -364,7 +373,7 @@ def test_sparse_jacobian_through_network_calls(cells):
 
 def test_many_sites_python_source_agrees(cells, rng, tmp_path):
     # numba's compile of the rendered source (subroutines called on array slices)
-    m, theta, u, _ = cells
+    m, theta, u, _, _ = cells
     path = tmp_path / "cells_source.py"
     path.write_text(m.source)
     spec = importlib.util.spec_from_file_location(path.stem, path)
@@ -388,7 +397,7 @@ def test_many_sites_python_source_agrees(cells, rng, tmp_path):
 def test_a_ude_solves_and_differentiates_with_sparse_linear_algebra(cells, linsolve):
     import adjoints
 
-    m, theta, u, _ = cells
+    m, theta, u, _, _ = cells
     prob = sciml.ODEProblem(m, u, (0.0, 1.0), theta)
     ts = np.linspace(0.2, 1.0, 5)
     data = sciml.Data(ts, np.zeros((5, CELLS)))
