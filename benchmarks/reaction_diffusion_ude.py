@@ -233,8 +233,7 @@ def breakdown(model, prob, picked):
 
     fset = model._asm.sets["f"]  # the kernels' sizes decide how LLVM compiles them
     sizes = {k: llvm._size(fset.tree(k, meth)) for k, meth in
-             (("rhs", "values"), ("vjp", "vjp"), (jac_name, jac_name if jac_name == "spjac"
-                                                   else "jac"))}
+             (("rhs", "values"), ("vjp", "vjp"), (jac_name, jac_name))}
     return {"statements": sizes, "optimised_below": llvm.BIG,
             "steps": st["n_accepted"] + st["n_rejected"], "nfev": st["nfev"],
             "njac": st["njac"], "nlu": st["nlu"], "rhs_s": per_call(kernel("rhs", (du, u, p))),

@@ -83,6 +83,22 @@ F_i {{
 """
 
 
+def pydiffsol_bdf(ds, ng, tol):
+    """pydiffsol's BDF on the model at rtol ``tol``, atol ``1e-4 tol``: nalgebra dense below
+    20 groups, faer's sparse LU above (as diffsol's own benchmark)."""
+    mt = ds.nalgebra_dense if ng < 20 else ds.faer_sparse
+    ode = ds.Ode(diffsl(ng), matrix_type=mt, scalar_type=ds.f64)
+    ode.ode_solver = ds.bdf
+    ode.rtol, ode.atol = tol, 1e-4 * tol
+    return ode
+
+
+def pydiffsol_end(ode, ng):
+    """The state at T_END, (ng, 3) as `reference` (diffsol orders the states x..., y...,
+    z...)."""
+    return np.asarray(ode.solve_dense(np.array([]), np.array([T_END])).ys)[:, -1].reshape(3, ng).T
+
+
 def reference(ng):
     """(ng, 3) states at T_END, group by group (interleaved order)."""
     def f(t, u):
@@ -153,19 +169,14 @@ def impls(ng, tol):
 
         def build_ds(box=box):
             t0 = time.perf_counter()
-            mt = ds.nalgebra_dense if ng < 20 else ds.faer_sparse
-            ode = ds.Ode(diffsl(ng), matrix_type=mt, scalar_type=ds.f64)
-            ode.ode_solver = ds.bdf
-            ode.rtol, ode.atol = tol, atol
-            box["ode"], box["build_s"] = ode, time.perf_counter() - t0
+            box["ode"], box["build_s"] = pydiffsol_bdf(ds, ng, tol), time.perf_counter() - t0
             run_ds()
 
         def run_ds(box=box):
-            box["y"] = np.asarray(box["ode"].solve_dense(np.array([]), np.array([T_END])).ys)
+            box["y"] = pydiffsol_end(box["ode"], ng)
 
         out.append(timed("pydiffsol-BDF", run_ds, build_ds))
-        # diffsol orders the states x..., y..., z...
-        quality["pydiffsol-BDF"] = (box, lambda box: box["y"][:, -1].reshape(3, ng).T, {})
+        quality["pydiffsol-BDF"] = (box, lambda box: box["y"], {})
 
     # ---- scipy
     if ng <= 1000:
@@ -238,17 +249,13 @@ def equal_accuracy(ng, tol, repeats):
             imp = timed(f"{name} rtol {rtol:.3g}", run)
             imps.append(imp)
             quality[imp.name] = (name, rtol, box, lambda b: np.asarray(b["u"])[-1].reshape(ng, 3))
-    ode = ds.Ode(diffsl(ng), matrix_type=ds.nalgebra_dense if ng < 20 else ds.faer_sparse,
-                 scalar_type=ds.f64)
-    ode.ode_solver = ds.bdf
-    ode.rtol, ode.atol = tol, 1e-4 * tol
-    box = {}
+    ode, box = pydiffsol_bdf(ds, ng, tol), {}
 
     def run_ds(box=box):
-        box["y"] = np.asarray(ode.solve_dense(np.array([]), np.array([T_END])).ys)
+        box["y"] = pydiffsol_end(ode, ng)
     imp = timed(f"pydiffsol-BDF rtol {tol:.3g}", run_ds)
     imps.append(imp)
-    quality[imp.name] = ("pydiffsol-BDF", tol, box, lambda b: b["y"][:, -1].reshape(3, ng).T)
+    quality[imp.name] = ("pydiffsol-BDF", tol, box, lambda b: b["y"])
     load = H.OtherLoad().start()
     H.time_alternating(imps, repeats, pause_s=0.05)
     cores = load.stop()
