@@ -13,7 +13,8 @@ here), and reading a struct out of a struct counts every array inside it.
 (meminfo NULL). Each loop borrows its arguments on entry (its caller holds them
 for the call); scratch a function allocates itself is borrowed with the owner
 kept alive by `keep_alive` at the end of the function (numba frees an array after
-the last use of its variable).
+the last use of its variable). A reshape's result is built through a call, so LLVM
+no longer sees that its meminfo is NULL: borrow it again where it is handed on.
 """
 
 import functools
@@ -25,10 +26,35 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from nets import _cache as _nets_cache
-from nets._config import OPTIONS, Threads, jit, pjit  # one place for numba options
+from nets._config import OPTIONS, Threads, pjit  # one place for numba options
+from nets._config import jit as _jit
 
 __all__ = ["jit", "pjit", "Threads", "OPTIONS", "borrow", "keep_alive", "entry_point",
            "ENGINE_FOLDERS"]
+
+
+_INLINED = set()  # the Python functions of the engine's inlined helpers
+
+
+def _flat(expr, caller, callee):
+    """numba's inlining rule for the engine's helpers: inline into a function that is
+    compiled, not into another inlined helper, which is itself inlined later together
+    with the calls in it. numba copies a function's whole body each time it inlines it,
+    so inlining helpers into helpers first would copy the inner ones once per level."""
+    return caller.func_id.func not in _INLINED
+
+
+def jit(*args, **kwargs):
+    """`nets._config.jit`; ``inline="always"`` inlines flat (`_flat`)."""
+    if kwargs.get("inline") != "always":
+        return _jit(*args, **kwargs)
+    kwargs["inline"] = _flat
+
+    def decorate(fn):
+        _INLINED.add(fn)
+        return _jit(**kwargs)(fn)
+
+    return decorate(args[0]) if args and callable(args[0]) else decorate
 
 
 def _engine_folders():

@@ -3,8 +3,8 @@
 A solver object holds settings (controller, adaptivity) and its method's
 tableau; `Solver._run` builds the structures the compiled loop takes (the
 problem's `kernels.system.Forward`, the tableau, a `kernels.structs.Control`
-and `Record`), calls the family's loop (`erk_integrate` or `ros_integrate`)
-and wraps what comes back.
+and `Record`), calls the family's loop (`erk_integrate`, `ros_integrate` or `bdf_integrate`, each
+`kernels.loop.integrate` with the family's step) and wraps what comes back.
 """
 
 from dataclasses import dataclass, field

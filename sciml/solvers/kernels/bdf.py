@@ -1,4 +1,5 @@
-"""The variable-order BDF loop: numerical differentiation formulas of orders 1 to 5.
+"""The variable-order BDF step (numerical differentiation formulas of orders 1 to 5), and
+`bdf_integrate`: the integration loop with it.
 
 The method is the quasi-constant-step NDF family of Shampine & Reichelt ("The
 MATLAB ODE Suite", SIAM J. Sci. Comput. 18, 1997), in backward differences:
@@ -40,23 +41,26 @@ A step of order k from t with step h:
 kappa_k gamma_k + 1 / (k + 1)``; ``kappa = (0, -0.185, -1/9, -0.0823,
 -0.0415)`` gives the NDFs (kappa = 0 the classical BDFs).
 
-The loop lands on stops like the other families (the landing step's
-right-hand side at the stop's left limit) and restarts at order 1 after
-each. Dense output is the Newton backward-difference interpolant of the
-step's differences: ``y(t_n + s h) = D[0] + sum_j D[j] prod_{m<j} (s + m) /
-(m + 1)`` (s in [-1, 0]); a stored step keeps ``D[0..k]`` and its order.
+The steps before a stop are shortened to land on it (the last one, or the
+last two equally: no sliver), the right-hand side of the step that lands
+taken one ulp before the stop (a switch in time at the stop, ``t >= t_stop``
+in the model, acts after it); after every stop inside the span (a dose, an
+infusion's start or end, a switch, an adjoint's jump: the history no longer
+describes the solution) the integration restarts at order 1, resuming the
+step size the stop cut short where the starting step estimate allows. Dense
+output is the Newton backward-difference interpolant of the step's
+differences: ``y(t_n + s h) = D[0] + sum_j D[j] prod_{m<j} (s + m) / (m + 1)``
+(s in [-1, 0]); a stored step keeps ``D[0..k]`` and its order.
 """
 
 import math
 
 import numpy as np
 
-from sciml._jit import borrow, jit, keep_alive
+from sciml._jit import borrow, jit
 
 from .control import (
     DT_UNDERFLOW,
-    MAX_STEPS,
-    NEED_STORAGE,
     NONFINITE,
     SUCCESS,
     all_finite,
@@ -64,8 +68,9 @@ from .control import (
     hmin,
 )
 from .erk import find_step
-from .record import copy_row, record_at, record_counts, saves_inside, storage_full
-from .system import sys_event, sys_f, sys_factor, sys_jac, sys_mass, sys_solve
+from .loop import ACCEPTED, AGAIN, REJECTED, Family, family_loop
+from .record import copy_row
+from .system import sys_f, sys_factor, sys_jac, sys_mass, sys_solve
 
 MAX_ORDER = 5
 NEWTON_MAXITER = 4
@@ -168,129 +173,118 @@ def _restart(D, z, f, h):
             D[j, m] = 0.0
 
 
-@jit
-def bdf_integrate(sys, tab, ctl, stops, z, rec):
-    """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with the variable-order NDF/BDF.
+# The scratch: ``rows`` (state-sized: the differences D, then ypred, psi, d, y, f and the
+# error weights) and ``mats`` (R, U, T, B of `rescale`, then gamma, alpha and error_k),
+# their views made where used: every array handed to an inlined function costs a
+# reference-count call or two (a no-op on these borrowed arrays, but a call), so the
+# step's functions get two arrays, not fifteen.
+YPRED, PSI, DCOR, Y, F, WT = range(MAX_ORDER + 3, MAX_ORDER + 9)
+_G0 = 108 + (MAX_ORDER + 1) * _BLOCK
+_A0 = _G0 + MAX_ORDER + 2
+_E0 = _A0 + MAX_ORDER + 2
 
-    As `erk.erk_integrate` (stops, events, record, status); the steps before a stop are
-    shortened to land on it (the last one, or the last two equally), the right-hand side
-    of the step that lands taken one ulp before the stop (a switch in time at the stop,
-    ``t >= t_stop`` in the model, acts after it), and the integration restarts at order 1
-    after every stop inside the span (a dose, an infusion's start or end, a switch, an
-    adjoint's jump: the history no longer describes the solution), the step size the stop
-    cut short resumed where the starting step estimate allows.
-    ``tab`` (`structs.BDFTableau`) holds kappa and the order bound. Stored steps hold
-    ``D[0..order]`` (rows ``MAX_ORDER + 1``) with the order in ``d_have``.
 
-    Returns
-    -------
-    (status, t)
-    """
-    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))  # see sciml._jit
+@jit(inline="always")
+def _work(sys, tab, ctl, z):
     nz = z.shape[0]
-    n_err = ctl.atol.shape[0]
-    max_order = tab.max_order
-    own = np.zeros((MAX_ORDER + 3 + 6, nz))
+    own = np.zeros((WT + 1) * nz + _E0 + MAX_ORDER + 2)
     buf = borrow(own)
-    D = buf[:MAX_ORDER + 3]
-    ypred, psi, d, y, f = (buf[MAX_ORDER + 3], buf[MAX_ORDER + 4], buf[MAX_ORDER + 5],
-                           buf[MAX_ORDER + 6], buf[MAX_ORDER + 7])
-    wt = buf[MAX_ORDER + 8, :n_err]  # the error weights of the step (`_weights`)
-    ownm = np.zeros(3 * 6 * 6 + (MAX_ORDER + 1) * _BLOCK)
-    mats = borrow(ownm)
-    R, U, T = (mats[:36].reshape((6, 6)), mats[36:72].reshape((6, 6)),
-               mats[72:108].reshape((6, 6)))
-    B = mats[108:].reshape((MAX_ORDER + 1, _BLOCK))
-    gamma = np.zeros(MAX_ORDER + 2)
-    alpha = np.zeros(MAX_ORDER + 2)
-    errc = np.zeros(MAX_ORDER + 2)
+    # reshape's result is opaque to LLVM (made through a call): borrowed again, so that its
+    # reference counts fold away
+    rows = borrow(buf[:(WT + 1) * nz].reshape((WT + 1, nz)))
+    mats = buf[(WT + 1) * nz:]
+    sq = (borrow(mats[:36].reshape((6, 6))), borrow(mats[36:72].reshape((6, 6))),
+          borrow(mats[72:108].reshape((6, 6))),
+          borrow(mats[108:_G0].reshape((MAX_ORDER + 1, _BLOCK))))
     for k_ in range(1, MAX_ORDER + 2):
-        gamma[k_] = gamma[k_ - 1] + 1.0 / k_
+        mats[_G0 + k_] = mats[_G0 + k_ - 1] + 1.0 / k_
     for k_ in range(MAX_ORDER + 2):
         kap = tab.kappa[k_] if k_ < tab.kappa.shape[0] else 0.0
-        alpha[k_] = (1.0 - kap) * gamma[k_]
-        errc[k_] = kap * gamma[k_] + 1.0 / (k_ + 1)
-    save_t, save_z = rec.save_t, rec.save_z
-    d_k, d_have, d_seg = rec.d_k, rec.d_have, rec.d_seg
-    dense = rec.dense
-    nseg = stops.shape[0] - 1
-    tf = stops[nseg]
-    t = stops[0]
-    sys_event(sys, z, 0)
-    sp, nsave = record_at(rec, t, z, 0, 0, 0)
-    nfev = njac = nlu = nacc = nrej = 0
-    status = SUCCESS
-    mass = sys_mass(sys)  # M dz/dt = f: the history terms are M's
-    unit = mass.shape[0] == 0
+        mats[_A0 + k_] = (1.0 - kap) * mats[_G0 + k_]
+        mats[_E0 + k_] = kap * mats[_G0 + k_] + 1.0 / (k_ + 1)
     newton_tol = max(10.0 * _EPS / ctl.rtol, min(0.03, math.sqrt(ctl.rtol)))
+    return own, (rows, mats, newton_tol, sys_mass(sys).shape[0] == 0, sq)
+
+
+@jit(inline="always")
+def _rescale(work, order, factor):
+    """`rescale` of the differences in ``work``'s rows with its scratch."""
+    R, U, T, B = work[4]
+    rescale(work[0][:MAX_ORDER + 3], order, factor, R, U, T, B)
+
+
+# The state carried between steps: (h, order, the step a stop cut short (the restart
+# after it may take up to that), steps of this size and order, J evaluated at this step's
+# start, J to be evaluated, the c of the factorisation (0: none valid), factored for this
+# very try (a failure cannot be the LU's), Newton's contraction rate remembered across
+# steps (1: unknown), the accepted step's error, its safety factor).
+
+
+@jit(inline="always")
+def _begin(sys, tab, ctl, stops, z, work, t):
+    rows = work[0]
+    f = rows[F]
     # the first step: Hairer's estimate for order 1, or the given h0
     sys_f(sys, f, z, t, 0)
-    nfev += 1
-    k = 0
-    if not all_finite(f):
-        status = NONFINITE
-        nseg = 0
+    nfev = 1
+    status = SUCCESS if all_finite(f) else NONFINITE
     h = ctl.h0
     if not h > 0.0:
-        h = hinit(sys, ctl, z, f, t, 0, 1, tf - t, y, psi)
+        h = hinit(sys, ctl, z, f, t, 0, 1, stops[stops.shape[0] - 1] - t, rows[Y], rows[PSI])
         nfev += 1
-    order = 1
-    _restart(D, z, f, h)
-    h_want = 0.0  # the step a stop cut short: the restart after it may take up to that
-    n_equal = 0
-    jac_current = False  # J evaluated at this step's start
-    need_jac = True
-    c_lu = 0.0  # the c of the factorisation (0: none valid)
-    lu_fresh = False  # factored for this very attempt (a failure cannot be the LU's)
-    rate = 1.0  # Newton's contraction rate, remembered across steps (1: unknown)
-    c = 0.0
-    while k < nseg:
-        if nacc + nrej >= ctl.max_steps:
-            status = MAX_STEPS
-            break
-        if storage_full(rec, nsave, nacc):
-            status = NEED_STORAGE
-            break
-        t_stop = stops[k + 1]
-        # Land on the stop: the last step cut to it, or, within two steps of it, two equal
-        # steps (no sliver, so the history is never rescaled by a huge factor afterwards)
-        if t + 2.0 * h > t_stop and t + h != t_stop:
-            hn = t_stop - t if t + 1.01 * h >= t_stop else 0.5 * (t_stop - t)
-            rescale(D, order, hn / h, R, U, T, B)
-            h_want = max(h_want, h)
-            h = hn
-            n_equal = 0
-        t_new = t + h
-        lands = t_new >= t_stop
-        t_f = t_new  # where f is taken: on landing inside the span, the stop's left limit
-        if lands:
-            t_new = t_stop
-            if k + 1 < nseg:
-                t_f = np.nextafter(t_stop, -np.inf)
-        if not t_new > t or h < hmin(t):
-            status = DT_UNDERFLOW
-            break
-        if need_jac:
-            sys_jac(sys, z, t, k)
-            njac += 1
-            need_jac = False
-            jac_current = True
-            c_lu = 0.0
-        c = h / alpha[order]
-        lu_fresh = False
-        if not (c_lu > 0.0 and abs(c / c_lu - 1.0) <= LU_RATIO):
-            nlu += 1
-            if not sys_factor(sys, 1.0 / c):
-                # singular: a smaller step moves 1/c away from J's spectrum
-                rescale(D, order, 0.5, R, U, T, B)
-                h *= 0.5
-                n_equal = 0
-                nrej += 1
-                c_lu = 0.0
-                continue
+    _restart(rows[:MAX_ORDER + 3], z, f, h)
+    return (h, 1, 0.0, 0, False, True, 0.0, False, 1.0, 0.0, 0.0), status, nfev
+
+
+@jit(inline="always")
+def _attempt(sys, tab, ctl, stops, z, work, st, t, k):
+    rows, mats = work[0], work[1]
+    h, order, h_want, n_equal, jac_current, need_jac, c_lu, lu_fresh, rate, en, safety = st
+    nfev = njac = nlu = 0
+    t_stop = stops[k + 1]
+    # Land on the stop: the last step cut to it, or, within two steps of it, two equal
+    # steps (no sliver, so the history is never rescaled by a huge factor afterwards)
+    if t + 2.0 * h > t_stop and t + h != t_stop:
+        hn = t_stop - t if t + 1.01 * h >= t_stop else 0.5 * (t_stop - t)
+        _rescale(work, order, hn / h)
+        h_want = max(h_want, h)
+        h = hn
+        n_equal = 0
+    t_new = t + h
+    lands = t_new >= t_stop
+    t_f = t_new  # where f is taken: on landing inside the span, the stop's left limit
+    if lands:
+        t_new = t_stop
+        if k + 1 < stops.shape[0] - 1:
+            t_f = np.nextafter(t_stop, -np.inf)
+    if not t_new > t or h < hmin(t):
+        return (AGAIN, DT_UNDERFLOW, t_new, lands,
+                (h, order, h_want, n_equal, jac_current, need_jac, c_lu, lu_fresh, rate, en,
+                 safety), nfev, njac, nlu)
+    if need_jac:
+        sys_jac(sys, z, t, k)
+        njac += 1
+        need_jac = False
+        jac_current = True
+        c_lu = 0.0
+    c = h / mats[_A0 + order]
+    lu_fresh = False
+    fac = 0.0  # on rejection: the factor of the step to try next (one rescale of D for all)
+    if not (c_lu > 0.0 and abs(c / c_lu - 1.0) <= LU_RATIO):
+        nlu += 1
+        if sys_factor(sys, 1.0 / c):
             c_lu = c
             lu_fresh = True
             rate = 1.0
+        else:
+            # singular: a smaller step moves 1/c away from J's spectrum
+            fac = 0.5
+            c_lu = 0.0
+    if fac == 0.0:  # predictor, corrector and error test
+        newton_tol, unit = work[2], work[3]
+        ypred, psi, d, y, f, wt = (rows[YPRED], rows[PSI], rows[DCOR], rows[Y], rows[F],
+                                   rows[WT, :ctl.atol.shape[0]])
+        nz = z.shape[0]
         # W = M/c_lu - J: the exact Newton matrix M/c - J for stiff modes, off by c/c_lu
         # for the others; the corrections are scaled by 2 rho / (1 + rho), rho = c / c_lu,
         # between the two (CVODE's scaling, in this form of the equations)
@@ -299,13 +293,13 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
         ic = 1.0 / c
         # ---- predictor
         for m in range(nz):
-            ypred[m] = D[0, m]
+            ypred[m] = rows[0, m]
             psi[m] = 0.0
         for j in range(1, order + 1):
-            gj = gamma[j] / alpha[order]
+            gj = mats[_G0 + j] / mats[_A0 + order]
             for m in range(nz):
-                ypred[m] += D[j, m]
-                psi[m] += gj * D[j, m]
+                ypred[m] += rows[j, m]
+                psi[m] += gj * rows[j, m]
         for m in range(nz):
             d[m] = 0.0
             y[m] = ypred[m]
@@ -324,6 +318,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
                 for m in range(nz):
                     f[m] -= (psi[m] + d[m]) * ic  # W dy = f - M (psi + d) / c
             else:
+                mass = sys_mass(sys)  # M dz/dt = f: the history terms are M's
                 for m in range(nz):
                     f[m] -= (psi[m] + d[m]) * ic * mass[m]
             sys_solve(sys, f)
@@ -342,7 +337,7 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
                     # moves by rounding alone more than that. No further iteration or
                     # fresh Jacobian gets below the floor: failing the step here only
                     # halved it, again and again (issue 27).
-                    if errc[order] * min(1.0, rate) * dn > NLS_COEF:
+                    if mats[_E0 + order] * min(1.0, rate) * dn > NLS_COEF:
                         break
                     settled = True
             for m in range(nz):
@@ -354,101 +349,125 @@ def bdf_integrate(sys, tab, ctl, stops, z, rec):
                 break
             old_norm = dn
         if not converged:
-            if not (jac_current and lu_fresh):
-                # a Jacobian from an earlier step, or a factorisation for another c: the
-                # same step again with the Jacobian afresh (if old) and a new factorisation
-                need_jac = not jac_current
-                c_lu = 0.0
-                continue
-            rescale(D, order, 0.5, R, U, T, B)
-            h *= 0.5
-            n_equal = 0
-            nrej += 1
-            continue
-        # ---- error test (the scale of the new values)
-        _weights(ctl, wt, y)
-        en = _wnorm(wt, d, errc[order])
-        # a step whose Newton iteration needed more work is grown less (Hairer's RADAU5)
-        safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + n_iter)
-        if not (en <= 1.0):
-            nrej += 1
-            fac = max(MIN_FACTOR, safety * en ** (-1.0 / (order + 1))) if en == en \
-                else MIN_FACTOR
-            rescale(D, order, fac, R, U, T, B)
-            h *= fac
-            n_equal = 0
-            continue
-        # ---- accepted
-        nacc += 1
-        jac_current = False
-        n_equal += 1
+            fac = -1.0
+        else:
+            # ---- error test (the scale of the new values)
+            _weights(ctl, wt, y)
+            en = _wnorm(wt, d, mats[_E0 + order])
+            # a step whose Newton iteration needed more work is grown less (Hairer's RADAU5)
+            safety = 0.9 * (2 * NEWTON_MAXITER + 1) / (2 * NEWTON_MAXITER + n_iter)
+            if not (en <= 1.0):
+                fac = max(MIN_FACTOR, safety * en ** (-1.0 / (order + 1))) if en == en \
+                    else MIN_FACTOR
+    if fac < 0.0:  # Newton failed
+        if not (jac_current and lu_fresh):
+            # a Jacobian from an earlier step, or a factorisation for another c: the same
+            # step again with the Jacobian afresh (if old) and a new factorisation
+            return (AGAIN, SUCCESS, t_new, lands,
+                    (h, order, h_want, n_equal, jac_current, not jac_current, 0.0, lu_fresh,
+                     rate, en, safety), nfev, njac, nlu)
+        fac = 0.5
+    if fac > 0.0:
+        _rescale(work, order, fac)
+        return (REJECTED, SUCCESS, t_new, lands,
+                (h * fac, order, h_want, 0, jac_current, need_jac, c_lu, lu_fresh, rate, en,
+                 safety), nfev, njac, nlu)
+    return (ACCEPTED, SUCCESS, t_new, lands,
+            (h, order, h_want, n_equal + 1, False, need_jac, c_lu, lu_fresh, rate, en, safety),
+            nfev, njac, nlu)
+
+
+@jit(inline="always")
+def _accept(sys, tab, z, work, st, t, t_new, k, want, d_k, j):
+    D = work[0]
+    d = D[DCOR]
+    order = st[1]
+    nz = z.shape[0]
+    for m in range(nz):
+        D[order + 2, m] = d[m] - D[order + 1, m]
+        D[order + 1, m] = d[m]
+    for i in range(order, -1, -1):
         for m in range(nz):
-            D[order + 2, m] = d[m] - D[order + 1, m]
-            D[order + 1, m] = d[m]
-        for j in range(order, -1, -1):
+            D[i, m] += D[i + 1, m]
+    if j >= 0:
+        row = d_k[j]
+        for i in range(order + 1):
             for m in range(nz):
-                D[j, m] += D[j + 1, m]
-        if dense or saves_inside(rec, sp, t_new):
-            if dense:
-                row = d_k[nacc - 1]
-                for j in range(order + 1):
-                    for m in range(nz):
-                        row[j, m] = D[j, m]
-                d_have[nacc - 1] = order
-                d_seg[nacc - 1] = k
-            while saves_inside(rec, sp, t_new):
-                bdf_interp(save_z[sp], (save_t[sp] - t_new) / h, D, order)
-                sp += 1
-        t = t_new
-        for m in range(nz):
-            z[m] = D[0, m]
-        if lands:
-            k += 1
-            sys_event(sys, z, k)
-            if k < nseg:
-                # a dose, an adjoint's jump, an infusion's start or end, a switch: the
-                # history no longer describes the solution; order 1 afresh
-                order = 1
-                sys_f(sys, f, z, t, k)
+                row[i, m] = D[i, m]
+    return D, order, 0, st
+
+
+@jit(inline="always")
+def _interp(tab, work, st, D, out, ts, t, t_new, z):
+    bdf_interp(out, (ts - t_new) / st[0], D, st[1])
+
+
+@jit(inline="always")
+def _advance(tab, z, work, st, lands):
+    D = work[0]
+    for m in range(z.shape[0]):
+        z[m] = D[0, m]
+
+
+@jit(inline="always")
+def _after(sys, tab, ctl, stops, z, work, st, t, k, nseg, lands, jumped):
+    rows, mats = work[0], work[1]
+    h, order, h_want, n_equal, jac_current, need_jac, c_lu, lu_fresh, rate, en, safety = st
+    nfev = 0
+    if lands:
+        if k < nseg:
+            # a dose, an adjoint's jump, an infusion's start or end, a switch: the
+            # history no longer describes the solution; order 1 afresh
+            order = 1
+            f = rows[F]
+            sys_f(sys, f, z, t, k)
+            nfev += 1
+            if ctl.h0 > 0.0:
+                h = ctl.h0
+            else:
+                h = min(hinit(sys, ctl, z, f, t, k, 1, stops[nseg] - t, rows[Y], rows[PSI]),
+                        max(h, h_want))
                 nfev += 1
-                if ctl.h0 > 0.0:
-                    h = ctl.h0
-                else:
-                    h = min(hinit(sys, ctl, z, f, t, k, 1, tf - t, y, psi), max(h, h_want))
-                    nfev += 1
-                _restart(D, z, f, h)
-                n_equal = 0
-                need_jac = True
-            h_want = 0.0
-        # ---- the next step's size and order (after order + 1 steps of one size), the
-        # error estimates in the new values' scale (wt)
-        if k < nseg and n_equal >= order + 1:
-            en_m = np.inf
-            en_p = np.inf
-            if order > 1:
-                en_m = _wnorm(wt, D[order], errc[order - 1])
-            if order < max_order:
-                en_p = _wnorm(wt, D[order + 2], errc[order + 1])
-            best = en ** (-1.0 / (order + 1)) if en > 0.0 else MAX_FACTOR
-            delta = 0
-            fm = en_m ** (-1.0 / order) if en_m > 0.0 else MAX_FACTOR
-            fp = en_p ** (-1.0 / (order + 2)) if en_p > 0.0 else MAX_FACTOR
-            if order > 1 and fm > best:
-                best = fm
-                delta = -1
-            if order < max_order and fp > best:
-                best = fp
-                delta = 1
-            order += delta
-            fac = min(MAX_FACTOR, safety * best)
-            rescale(D, order, fac, R, U, T, B)
-            h *= fac
+            _restart(rows[:MAX_ORDER + 3], z, f, h)
             n_equal = 0
-        sp, nsave = record_at(rec, t, z, sp, nsave, nacc)
-    keep_alive(own)
-    keep_alive(ownm)
-    record_counts(rec, nfev, nacc, nrej, sp, nsave, njac, nlu)
-    return status, t
+            need_jac = True
+        h_want = 0.0
+    # ---- the next step's size and order (after order + 1 steps of one size), the
+    # error estimates in the new values' scale (wt)
+    if k < nseg and n_equal >= order + 1:
+        en_m = np.inf
+        en_p = np.inf
+        wt = rows[WT, :ctl.atol.shape[0]]
+        if order > 1:
+            en_m = _wnorm(wt, rows[order], mats[_E0 + order - 1])
+        if order < tab.max_order:
+            en_p = _wnorm(wt, rows[order + 2], mats[_E0 + order + 1])
+        best = en ** (-1.0 / (order + 1)) if en > 0.0 else MAX_FACTOR
+        delta = 0
+        fm = en_m ** (-1.0 / order) if en_m > 0.0 else MAX_FACTOR
+        fp = en_p ** (-1.0 / (order + 2)) if en_p > 0.0 else MAX_FACTOR
+        if order > 1 and fm > best:
+            best = fm
+            delta = -1
+        if order < tab.max_order and fp > best:
+            best = fp
+            delta = 1
+        order += delta
+        fac = min(MAX_FACTOR, safety * best)
+        _rescale(work, order, fac)
+        h *= fac
+        n_equal = 0
+    return (h, order, h_want, n_equal, jac_current, need_jac, c_lu, lu_fresh, rate, en,
+            safety), nfev
+
+
+bdf_integrate = family_loop(
+    "bdf_integrate",
+    "Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with the variable-order NDF/BDF "
+    "(`loop.integrate`; the module text says how it lands on stops and restarts after "
+    "them); stored steps hold ``D[0..order]`` (rows ``MAX_ORDER + 1``) with the order in "
+    "``d_have``. Returns ``(status, t)``.",
+    _work, _begin, _attempt, _accept, _interp, _advance, _after)
 
 
 @jit
@@ -471,3 +490,14 @@ def bdf_store_eval(rec, n_steps, tq, out):
             copy_row(out, q, rec.d_z[n_steps])
             continue
         j = bdf_store_at(rec, n_steps, out[q], tt, -1, j)
+
+
+def _stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+    return bdf_store_at(rec, n_steps, out, t, k, j)
+
+
+def _store_rows(tab):
+    return MAX_ORDER + 1
+
+
+FAMILY = Family(bdf_integrate, _stored_state, _store_rows, None)  # no stages: no step_interp

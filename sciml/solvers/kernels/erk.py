@@ -1,4 +1,4 @@
-"""The explicit Runge-Kutta step and the one loop every explicit integration runs.
+"""The explicit Runge-Kutta step, and `erk_integrate`: the integration loop with it.
 
 `erk_step` (the stages, the new state and its error estimate) and `erk_interp`
 (the method's interpolant on a step) are the only ERK arithmetic in the
@@ -19,13 +19,11 @@ them; `store_eval` computes and keeps them on demand for the rest.
 
 import numpy as np
 
-from sciml._jit import borrow, jit, keep_alive
+from sciml._jit import borrow, jit
 
 from .control import (
     DT_UNDERFLOW,
     LOG_ERR0,
-    MAX_STEPS,
-    NEED_STORAGE,
     NONFINITE,
     SUCCESS,
     all_finite,
@@ -36,8 +34,9 @@ from .control import (
     reject_factor,
     step_to,
 )
-from .record import copy_row, record_at, record_counts, saves_inside, storage_full
-from .system import sys_accept, sys_event, sys_f, sys_interpolates
+from .loop import ACCEPTED, AGAIN, REJECTED, Family, family_loop
+from .record import copy_row
+from .system import sys_accept, sys_f, sys_interpolates
 
 # ------------------------------------------------------------------ the step
 
@@ -158,132 +157,129 @@ def erk_interp(tab, out, theta, h, z, K, w):
 # ------------------------------------------------------------------ the loop
 
 
-@jit
-def erk_integrate(sys, tab, ctl, stops, z, rec):
-    """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with an explicit RK method.
-
-    Lands on every stop (the step before one is shortened to end on it) and
-    calls ``sys_event`` there; fixed steps of ``ctl.h0`` when not adaptive.
-    ``z`` is the state in and out. Records into ``rec`` (`structs.Record`);
-    when its every-step or per-step storage is full the loop stops with
-    NEED_STORAGE (the caller reruns with more: `structs.solve_with_storage`).
-
-    Returns
-    -------
-    (status, t) : a status code of `control` and the time reached
-    """
-    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))  # see sciml._jit
+@jit(inline="always")
+def _work(sys, tab, ctl, z):
     nz = z.shape[0]
-    s = len(tab.b)
     s_all = len(tab.c)
     own = np.zeros((s_all + 3) * nz + s_all)  # stages, znew, err, tmp, interpolant weights
     buf = borrow(own)  # views of it are not reference-counted (see sciml._jit)
-    K = buf[:s_all * nz].reshape((s_all, nz))
     o = s_all * nz
-    znew = buf[o:o + nz]
-    err = buf[o + nz:o + 2 * nz]
-    tmp = buf[o + 2 * nz:o + 3 * nz]
-    wts = buf[o + 3 * nz:]
-    save_t, save_z = rec.save_t, rec.save_z
-    d_k, d_have, d_seg = rec.d_k, rec.d_have, rec.d_seg
-    dense = rec.dense
-    nseg = stops.shape[0] - 1
-    t = stops[0]
-    sys_event(sys, z, 0)
-    sp, nsave = record_at(rec, t, z, 0, 0, 0)
+    return own, (borrow(buf[:o].reshape((s_all, nz))), buf[o:o + nz], buf[o + nz:o + 2 * nz],
+                 buf[o + 2 * nz:o + 3 * nz], buf[o + 3 * nz:])
+
+
+# The state carried between steps: (h, the step tried, the next step, log of the last
+# accepted error, the last try rejected, the last try non-finite, the step's extra stages
+# evaluated).
+
+
+@jit(inline="always")
+def _begin(sys, tab, ctl, stops, z, work, t):
+    K, znew, err, tmp, wts = work
     sys_f(sys, K[0], z, t, 0)
     nfev = 1
-    nacc = 0
-    nrej = 0
-    status = SUCCESS
-    if not all_finite(K[0]):
-        status = NONFINITE
-        nseg = 0  # skip the loop
+    status = SUCCESS if all_finite(K[0]) else NONFINITE
     h = ctl.h0
     if ctl.adaptive and not h > 0.0:
         h = hinit(sys, ctl, z, K[0], t, 0, tab.order, stops[stops.shape[0] - 1] - t, tmp, err)
         nfev += 1
-    log_prev = LOG_ERR0
-    rejected = False
-    nonfinite = False
-    k = 0
-    while k < nseg:
-        if nacc + nrej >= ctl.max_steps:
-            status = MAX_STEPS
-            break
-        if storage_full(rec, nsave, nacc):
-            status = NEED_STORAGE
-            break
-        h_try, lands = step_to(t, h, stops[k + 1])
-        t_new = stops[k + 1] if lands else t + h_try
-        if not t_new > t:  # the step no longer moves t
-            status = NONFINITE if nonfinite else DT_UNDERFLOW
-            break
-        nfev += erk_step(sys, tab, K, z, znew, err, t, h_try, k, tmp)
-        if ctl.adaptive:
-            en2 = err_norm2(ctl, err, z, znew)
-            finite = all_finite(znew) and en2 == en2
-            if not (finite and en2 <= 1.0):
-                nrej += 1
-                rejected = True
-                nonfinite = not finite
-                h = h_try * reject_factor(ctl, en2 if finite else np.inf)
-                if h < hmin(t):
-                    status = NONFINITE if nonfinite else DT_UNDERFLOW
-                    break
-                continue
-            h_next, log_prev = next_step(ctl, en2, log_prev, h_try, h, rejected, lands)
-        else:
-            if not all_finite(znew):
-                status = NONFINITE
-                break
-            h_next = ctl.h0
-        nacc += 1
-        # ---- accepted: the system's own work, then output inside the step
-        have_extra = False
-        want = saves_inside(rec, sp, t_new)
-        if s_all > s and (want or sys_interpolates(sys)):
-            nfev += erk_stages(sys, tab, K, z, t, h_try, k, s, s_all, tmp)
-            have_extra = True
-        nfev += sys_accept(sys, tab, t, h_try, z, znew, K, k)
-        while want and saves_inside(rec, sp, t_new):
-            erk_interp(tab, save_z[sp], (save_t[sp] - t) / h_try, h_try, z, K, wts)
-            sp += 1
-        if dense:
-            j = nacc - 1
-            for i in range(s_all if have_extra else s):
-                for m in range(nz):
-                    d_k[j, i, m] = K[i, m]
-            d_have[j] = 1 if have_extra else 0
-            d_seg[j] = k
-        t = t_new
-        fsal = not lands and tab.end_stage >= 0 and (tab.end_stage < s or have_extra)
-        e = tab.end_stage if fsal else 0
-        for m in range(nz):
-            z[m] = znew[m]
-            K[0, m] = K[e, m]  # the FSAL stage reused (a no-op otherwise: f is evaluated below)
-        if lands:
-            k += 1
-            jumped = sys_event(sys, z, k)
-            if k < nseg:
-                # a stop: the rate or the state may jump, so f afresh
-                sys_f(sys, K[0], z, t, k)
-                nfev += 1
-                if ctl.adaptive and jumped:
-                    h_next = min(h_next, hinit(sys, ctl, z, K[0], t, k, tab.order,
-                                               stops[nseg] - t, tmp, err))
-                    nfev += 1
-                    log_prev = LOG_ERR0
-        elif not fsal:
+    return (h, h, h, LOG_ERR0, False, False, False), status, nfev
+
+
+@jit(inline="always")
+def _attempt(sys, tab, ctl, stops, z, work, st, t, k):
+    K, znew, err, tmp, wts = work
+    h, _, h_next, log_prev, rejected, nonfinite, extra = st
+    h_try, lands = step_to(t, h, stops[k + 1])
+    t_new = stops[k + 1] if lands else t + h_try
+    if not t_new > t:  # the step no longer moves t
+        return (AGAIN, NONFINITE if nonfinite else DT_UNDERFLOW, t_new, lands, st, 0, 0, 0)
+    nfev = erk_step(sys, tab, K, z, znew, err, t, h_try, k, tmp)
+    if ctl.adaptive:
+        en2 = err_norm2(ctl, err, z, znew)
+        finite = all_finite(znew) and en2 == en2
+        if not (finite and en2 <= 1.0):
+            nonfinite = not finite
+            h = h_try * reject_factor(ctl, en2 if finite else np.inf)
+            status = (NONFINITE if nonfinite else DT_UNDERFLOW) if h < hmin(t) else SUCCESS
+            return (REJECTED, status, t_new, lands,
+                    (h, h_try, h_next, log_prev, True, nonfinite, extra), nfev, 0, 0)
+        h_next, log_prev = next_step(ctl, en2, log_prev, h_try, h, rejected, lands)
+    else:
+        if not all_finite(znew):
+            return (AGAIN, NONFINITE, t_new, lands, st, nfev, 0, 0)
+        h_next = ctl.h0
+    return (ACCEPTED, SUCCESS, t_new, lands,
+            (h, h_try, h_next, log_prev, rejected, nonfinite, extra), nfev, 0, 0)
+
+
+@jit(inline="always")
+def _accept(sys, tab, z, work, st, t, t_new, k, want, d_k, j):
+    K, znew, err, tmp, wts = work
+    h, h_try, h_next, log_prev, rejected, nonfinite, _ = st
+    s = len(tab.b)
+    s_all = len(tab.c)
+    nfev = 0
+    extra = False
+    if s_all > s and (want or sys_interpolates(sys)):
+        nfev += erk_stages(sys, tab, K, z, t, h_try, k, s, s_all, tmp)
+        extra = True
+    nfev += sys_accept(sys, tab, t, h_try, z, znew, K, k)
+    if j >= 0:
+        for i in range(s_all if extra else s):
+            for m in range(z.shape[0]):
+                d_k[j, i, m] = K[i, m]
+    return K, 1 if extra else 0, nfev, (h, h_try, h_next, log_prev, rejected, nonfinite, extra)
+
+
+@jit(inline="always")
+def _interp(tab, work, st, K, out, ts, t, t_new, z):
+    h_try = st[1]
+    erk_interp(tab, out, (ts - t) / h_try, h_try, z, K, work[4])
+
+
+@jit(inline="always")
+def _fsal(tab, lands, extra):
+    """Whether the step's last stage is f at its end (then the next step's first)."""
+    return not lands and tab.end_stage >= 0 and (tab.end_stage < len(tab.b) or extra)
+
+
+@jit(inline="always")
+def _advance(tab, z, work, st, lands):
+    K, znew = work[0], work[1]
+    e = tab.end_stage if _fsal(tab, lands, st[6]) else 0
+    for m in range(z.shape[0]):
+        z[m] = znew[m]
+        K[0, m] = K[e, m]  # the FSAL stage reused (a no-op otherwise: f is evaluated below)
+
+
+@jit(inline="always")
+def _after(sys, tab, ctl, stops, z, work, st, t, k, nseg, lands, jumped):
+    K, znew, err, tmp, wts = work
+    h, h_try, h_next, log_prev, rejected, nonfinite, extra = st
+    nfev = 0
+    if lands:
+        if k < nseg:
+            # a stop: the rate or the state may jump, so f afresh
             sys_f(sys, K[0], z, t, k)
             nfev += 1
-        h = h_next
-        rejected = False
-        nonfinite = False
-        sp, nsave = record_at(rec, t, z, sp, nsave, nacc)
-    keep_alive(own)
-    record_counts(rec, nfev, nacc, nrej, sp, nsave, 0, 0)
-    return status, t
+            if ctl.adaptive and jumped:
+                h_next = min(h_next, hinit(sys, ctl, z, K[0], t, k, tab.order, stops[nseg] - t,
+                                           tmp, err))
+                nfev += 1
+                log_prev = LOG_ERR0
+    elif not _fsal(tab, lands, extra):
+        sys_f(sys, K[0], z, t, k)
+        nfev += 1
+    return (h_next, h_try, h_next, log_prev, False, False, extra), nfev
+
+
+erk_integrate = family_loop(
+    "erk_integrate",
+    "Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with an explicit Runge-Kutta "
+    "method (`loop.integrate`); fixed steps of ``ctl.h0`` when not adaptive. Returns "
+    "``(status, t)``.",
+    _work, _begin, _attempt, _accept, _interp, _advance, _after)
 
 
 # ------------------------------------------------------------------ stored steps
@@ -346,3 +342,18 @@ def store_eval(sys, tab, rec, n_steps, tq, out, tmp):
             copy_row(out, q, rec.d_z[n_steps])
             continue
         j = store_at(sys, tab, rec, n_steps, out[q], tt, -1, j, tmp)
+
+
+def _stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+    return store_at(fsys, ftab, rec, n_steps, out, t, k, j, tmp)
+
+
+def _store_rows(tab):
+    return len(tab.c)
+
+
+def _step_interp(tab, out, theta, h, z, znew, K, w):
+    erk_interp(tab, out, theta, h, z, K, w)
+
+
+FAMILY = Family(erk_integrate, _stored_state, _store_rows, _step_interp)

@@ -1,4 +1,4 @@
-"""The Rosenbrock step and the one loop every stiff integration runs.
+"""The Rosenbrock step, and `ros_integrate`: the integration loop with it.
 
 A step of a Rosenbrock method in the transformed form of Hairer & Wanner
 (*Solving ODEs II*, 2nd ed., Springer 1996, Sec. IV.7), which needs no
@@ -26,13 +26,11 @@ import math
 
 import numpy as np
 
-from sciml._jit import borrow, jit, keep_alive
+from sciml._jit import borrow, jit
 
 from .control import (
     DT_UNDERFLOW,
     LOG_ERR0,
-    MAX_STEPS,
-    NEED_STORAGE,
     NONFINITE,
     SUCCESS,
     all_finite,
@@ -44,11 +42,11 @@ from .control import (
     step_to,
 )
 from .erk import find_step
-from .record import copy_row, record_at, record_counts, saves_inside, storage_full
+from .loop import ACCEPTED, AGAIN, REJECTED, Family, family_loop
+from .record import copy_row
 from .system import (
     sys_accept,
     sys_autonomous,
-    sys_event,
     sys_f,
     sys_factor,
     sys_jac,
@@ -138,132 +136,123 @@ def ros_interp(out, theta, z0, D):
         out[m] = th1 * z0[m] + theta * (D[0, m] + th1 * acc)
 
 
-@jit
-def ros_integrate(sys, tab, ctl, stops, z, rec):
-    """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with a Rosenbrock method.
-
-    As `erk.erk_integrate` (stops, events, record, status); one Jacobian per
-    accepted step and one factorisation per attempted step. Stored steps hold
-    ``1 + nh`` rows (see `ros_dense_rows`).
-
-    Returns
-    -------
-    (status, t)
-    """
-    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))  # see sciml._jit
+@jit(inline="always")
+def _work(sys, tab, ctl, z):
     nz = z.shape[0]
     s = len(tab.c)
     nh = len(tab.H) // s
     own = np.zeros((s + 7 + nh, nz))
     buf = borrow(own)
-    K = buf[:s]
-    f0, dT, U, r, znew, err = buf[s], buf[s + 1], buf[s + 2], buf[s + 3], buf[s + 4], buf[s + 5]
-    D1 = buf[s + 6:s + 7 + nh]  # a step's rows when they are not stored
-    save_t, save_z = rec.save_t, rec.save_z
-    d_k, d_have, d_seg = rec.d_k, rec.d_have, rec.d_seg
-    dense = rec.dense
-    nonauto = not sys_autonomous(sys)
-    nseg = stops.shape[0] - 1
-    tf = stops[nseg]
-    t = stops[0]
-    sys_event(sys, z, 0)
-    sp, nsave = record_at(rec, t, z, 0, 0, 0)
-    nfev = njac = nlu = nacc = nrej = 0
-    status = SUCCESS
+    # K, then f0, dT, U, r, znew, err, and a step's rows D1 when they are not stored
+    return own, (buf[:s], buf[s], buf[s + 1], buf[s + 2], buf[s + 3], buf[s + 4], buf[s + 5],
+                 buf[s + 6:s + 7 + nh])
+
+
+# The state carried between steps: (h, the step tried, the next step, log of the last
+# accepted error, the last try rejected, the last try non-finite, J, f and df/dt to be
+# evaluated at the step's start, a starting step to be estimated).
+
+
+@jit(inline="always")
+def _begin(sys, tab, ctl, stops, z, work, t):
     h = ctl.h0
-    estimate = ctl.adaptive and not h > 0.0
-    log_prev = LOG_ERR0
-    fresh = True  # J, f, df/dt to be evaluated at (t, z)
-    rejected = False
-    nonfinite = False
-    k = 0
-    while k < nseg:
-        if nacc + nrej >= ctl.max_steps:
-            status = MAX_STEPS
-            break
-        if storage_full(rec, nsave, nacc):
-            status = NEED_STORAGE
-            break
-        if fresh:
-            # Once per accepted state; every retry of the step reuses them.
-            sys_f(sys, f0, z, t, k)
+    return (h, h, h, LOG_ERR0, False, False, True, ctl.adaptive and not h > 0.0), SUCCESS, 0
+
+
+@jit(inline="always")
+def _attempt(sys, tab, ctl, stops, z, work, st, t, k):
+    K, f0, dT, U, r, znew, err, _ = work
+    h, h_try, h_next, log_prev, rejected, nonfinite, fresh, estimate = st
+    nfev = njac = 0
+    if fresh:
+        # Once per accepted state; every retry of the step reuses them.
+        sys_f(sys, f0, z, t, k)
+        nfev += 1
+        if not all_finite(f0):
+            return AGAIN, NONFINITE, t, False, st, nfev, njac, 0
+        sys_jac(sys, z, t, k)
+        njac += 1
+        if not sys_autonomous(sys):
+            # Forward: at a stop it looks into the segment the step will cover.
+            t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
+            sys_f(sys, dT, z, t_fd, k)
             nfev += 1
-            if not all_finite(f0):
-                status = NONFINITE
-                break
-            sys_jac(sys, z, t, k)
-            njac += 1
-            if nonauto:
-                # Forward: at a stop it looks into the segment the step will cover.
-                t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
-                sys_f(sys, dT, z, t_fd, k)
-                nfev += 1
-                for m in range(nz):
-                    dT[m] = (dT[m] - f0[m]) / (t_fd - t)
-            if estimate:
-                h_est = hinit(sys, ctl, z, f0, t, k, tab.order, tf - t, U, r)
-                nfev += 1
-                h = h_est if not h > 0.0 else min(h, h_est)
-                estimate = False
-            fresh = False
-        h_try, lands = step_to(t, h, stops[k + 1])
-        t_new = stops[k + 1] if lands else t + h_try
-        if not t_new > t:
-            status = NONFINITE if nonfinite else DT_UNDERFLOW
-            break
-        nlu += 1
-        # singular only if 1/(h gamma) is an eigenvalue of J: a smaller step avoids it
-        singular = not sys_factor(sys, 1.0 / (h_try * tab.gamma))
-        en2 = np.inf
-        finite = False
-        if not singular:
-            nfev += ros_step(sys, tab, K, z, znew, err, t, h_try, k, f0, dT, nonauto, U, r)
-            en2 = err_norm2(ctl, err, z, znew)
-            finite = all_finite(znew) and en2 == en2
-        if not ctl.adaptive:
-            if not finite:
-                status = NONFINITE
-                break
-            h_next = ctl.h0
-        elif not (finite and en2 <= 1.0):
-            nrej += 1
-            rejected = True
-            nonfinite = not finite and not singular
-            h = h_try * reject_factor(ctl, en2 if finite else np.inf)
-            if h < hmin(t):
-                status = NONFINITE if nonfinite else DT_UNDERFLOW
-                break
-            continue
-        else:
-            h_next, log_prev = next_step(ctl, en2, log_prev, h_try, h, rejected, lands)
-        nacc += 1
-        nfev += sys_accept(sys, tab, t, h_try, z, znew, K, k)
-        # ---- accepted: the step's rows, then output inside it
-        if dense or saves_inside(rec, sp, t_new):
-            D = d_k[nacc - 1] if dense else D1
-            ros_dense_rows(tab, D, znew, K)
-            if dense:
-                d_have[nacc - 1] = 1
-                d_seg[nacc - 1] = k
-            while saves_inside(rec, sp, t_new):
-                ros_interp(save_z[sp], (save_t[sp] - t) / h_try, z, D)
-                sp += 1
-        t = t_new
-        for m in range(nz):
-            z[m] = znew[m]
-        if lands:
-            k += 1
-            if sys_event(sys, z, k) and ctl.adaptive:
-                estimate = True  # a dose: cap the next step by a fresh estimate
-                log_prev = LOG_ERR0
-        h = h_next
-        rejected = False
-        nonfinite = False
-        fresh = True
-        sp, nsave = record_at(rec, t, z, sp, nsave, nacc)
-    keep_alive(own)
-    record_counts(rec, nfev, nacc, nrej, sp, nsave, njac, nlu)
-    return status, t
+            for m in range(z.shape[0]):
+                dT[m] = (dT[m] - f0[m]) / (t_fd - t)
+        if estimate:
+            h_est = hinit(sys, ctl, z, f0, t, k, tab.order, stops[stops.shape[0] - 1] - t, U, r)
+            nfev += 1
+            h = h_est if not h > 0.0 else min(h, h_est)
+            estimate = False
+        fresh = False
+    h_try, lands = step_to(t, h, stops[k + 1])
+    t_new = stops[k + 1] if lands else t + h_try
+    st = (h, h_try, h_next, log_prev, rejected, nonfinite, fresh, estimate)
+    if not t_new > t:
+        return AGAIN, NONFINITE if nonfinite else DT_UNDERFLOW, t_new, lands, st, nfev, njac, 0
+    # singular only if 1/(h gamma) is an eigenvalue of J: a smaller step avoids it
+    singular = not sys_factor(sys, 1.0 / (h_try * tab.gamma))
+    en2 = np.inf
+    finite = False
+    if not singular:
+        nfev += ros_step(sys, tab, K, z, znew, err, t, h_try, k, f0, dT, not sys_autonomous(sys),
+                         U, r)
+        en2 = err_norm2(ctl, err, z, znew)
+        finite = all_finite(znew) and en2 == en2
+    if not ctl.adaptive:
+        if not finite:
+            return AGAIN, NONFINITE, t_new, lands, st, nfev, njac, 1
+        h_next = ctl.h0
+    elif not (finite and en2 <= 1.0):
+        nonfinite = not finite and not singular
+        h = h_try * reject_factor(ctl, en2 if finite else np.inf)
+        status = (NONFINITE if nonfinite else DT_UNDERFLOW) if h < hmin(t) else SUCCESS
+        return (REJECTED, status, t_new, lands,
+                (h, h_try, h_next, log_prev, True, nonfinite, fresh, estimate), nfev, njac, 1)
+    else:
+        h_next, log_prev = next_step(ctl, en2, log_prev, h_try, h, rejected, lands)
+    return (ACCEPTED, SUCCESS, t_new, lands,
+            (h, h_try, h_next, log_prev, rejected, nonfinite, fresh, estimate), nfev, njac, 1)
+
+
+@jit(inline="always")
+def _accept(sys, tab, z, work, st, t, t_new, k, want, d_k, j):
+    K, znew, D1 = work[0], work[5], work[7]
+    nfev = sys_accept(sys, tab, t, st[1], z, znew, K, k)
+    D = d_k[j] if j >= 0 else D1
+    if j >= 0 or want:
+        ros_dense_rows(tab, D, znew, K)
+    return D, 1, nfev, st
+
+
+@jit(inline="always")
+def _interp(tab, work, st, D, out, ts, t, t_new, z):
+    ros_interp(out, (ts - t) / st[1], z, D)
+
+
+@jit(inline="always")
+def _advance(tab, z, work, st, lands):
+    znew = work[5]
+    for m in range(z.shape[0]):
+        z[m] = znew[m]
+
+
+@jit(inline="always")
+def _after(sys, tab, ctl, stops, z, work, st, t, k, nseg, lands, jumped):
+    h, h_try, h_next, log_prev, rejected, nonfinite, fresh, estimate = st
+    if lands and jumped and ctl.adaptive:
+        estimate = True  # a dose: cap the next step by a fresh estimate
+        log_prev = LOG_ERR0
+    return (h_next, h_try, h_next, log_prev, False, False, True, estimate), 0
+
+
+ros_integrate = family_loop(
+    "ros_integrate",
+    "Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with a Rosenbrock method "
+    "(`loop.integrate`): one Jacobian per accepted step and one factorisation per "
+    "attempted step; stored steps hold ``1 + nh`` rows (`ros_dense_rows`). Returns "
+    "``(status, t)``.",
+    _work, _begin, _attempt, _accept, _interp, _advance, _after)
 
 
 @jit
@@ -286,3 +275,29 @@ def ros_store_eval(rec, n_steps, tq, out):
             copy_row(out, q, rec.d_z[n_steps])
             continue
         j = ros_store_at(rec, n_steps, out[q], tt, -1, j)
+
+
+def _stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
+    return ros_store_at(rec, n_steps, out, t, k, j)
+
+
+def _store_rows(tab):
+    return 1 + len(tab.H) // len(tab.c)
+
+
+def _step_interp(tab, out, theta, h, z, znew, K, w):
+    # the step's rows D (end state, then K_j = sum_i H[j, i] K_i), then the interpolant
+    s = len(tab.c)
+    nh = len(tab.H) // s
+    th1 = 1.0 - theta
+    for m in range(out.shape[0]):
+        acc = 0.0
+        for jh in range(nh - 1, -1, -1):
+            row = 0.0
+            for i in range(s):
+                row += tab.H[jh * s + i] * K[i, m]
+            acc = row + theta * acc if jh < nh - 1 else row
+        out[m] = th1 * z[m] + theta * (znew[m] + th1 * acc)
+
+
+FAMILY = Family(ros_integrate, _stored_state, _store_rows, _step_interp)

@@ -1,6 +1,6 @@
 """What a loop integrates: systems, and the one forward system of a model.
 
-A loop (`erk.erk_integrate`, `ros.ros_integrate`) knows nothing about what it
+A loop (`loop.integrate`, with any family's step) knows nothing about what it
 integrates: it calls the hooks below on its ``sys`` argument, and numba picks
 the implementation by the type of ``sys`` (a named tuple class registered with
 `register`). A system is the state ``z`` it evolves and:
