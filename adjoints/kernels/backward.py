@@ -31,6 +31,53 @@ from sciml.solvers.kernels.system import Forward
 from .discrete import erk_reverse
 from .systems import ROWS, Adjoint, Gauss, Interp
 
+# The schedule is plain loops: numba's np.unique, np.searchsorted and boolean masks each
+# compile a generic implementation (quicksort among them), which a first gradient waits for.
+
+
+@jit(inline="always")
+def _union(a, b):
+    """The distinct values of ``a`` and ``b``, increasing: one merge pass, as both come
+    sorted (the forward stops, the observation times), then an insertion pass (one
+    comparison a value when they did) and duplicates dropped: ``np.unique`` of both."""
+    na, nb = a.shape[0], b.shape[0]
+    out = np.empty(na + nb)
+    i = j = 0
+    for k in range(na + nb):
+        if j >= nb or (i < na and a[i] <= b[j]):
+            out[k] = a[i]
+            i += 1
+        else:
+            out[k] = b[j]
+            j += 1
+    for k in range(1, na + nb):
+        v = out[k]
+        q = k - 1
+        while q >= 0 and out[q] > v:
+            out[q + 1] = out[q]
+            q -= 1
+        out[q + 1] = v
+    n = 0
+    for k in range(na + nb):
+        if n == 0 or out[k] != out[n - 1]:
+            out[n] = out[k]
+            n += 1
+    return out[:n]
+
+
+@jit(inline="always")
+def _bisect(a, x, right):
+    """Where ``x`` goes in the increasing ``a``: ``np.searchsorted(a, x, side)``, side
+    "right" if ``right``."""
+    lo, hi = 0, a.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x or (right and a[mid] == x):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
 
 @jit
 def backward_schedule(fstops, obs_t):
@@ -40,23 +87,21 @@ def backward_schedule(fstops, obs_t):
     jump (m + 1,) int64 : the observation row at each stop, -1 for none;
     fseg (m,) int64 : the forward segment each backward segment lies in.
     """
-    times = np.unique(np.concatenate((fstops, obs_t)))
+    times = _union(fstops, obs_t)
     t0, tf = fstops[0], fstops[fstops.shape[0] - 1]
-    keep = (times >= t0) & (times <= tf)
-    times = times[keep]
+    times = times[_bisect(times, t0, False):_bisect(times, tf, True)]
     m = times.shape[0] - 1
     stops = np.empty(m + 1)
+    jump = np.empty(m + 1, dtype=np.int64)
     for k in range(m + 1):
         stops[k] = -times[m - k]
-    jump = np.full(m + 1, -1, dtype=np.int64)
+        jump[k] = -1
     for q in range(obs_t.shape[0]):
-        i = np.searchsorted(times, obs_t[q])
-        jump[m - i] = q
+        jump[m - _bisect(times, obs_t[q], False)] = q
     fseg = np.zeros(max(m, 0), dtype=np.int64)
     nseg = fstops.shape[0] - 1
     for k in range(m):
-        lo = times[m - k - 1]
-        s = np.searchsorted(fstops, lo, side="right") - 1
+        s = _bisect(fstops, times[m - k - 1], True) - 1
         fseg[k] = min(max(s, 0), nseg - 1)
     return stops, jump, fseg
 
