@@ -173,11 +173,10 @@ def _restart(D, z, f, h):
             D[j, m] = 0.0
 
 
-# The scratch: ``rows`` (state-sized: the differences D, then ypred, psi, d, y, f and the
-# error weights) and ``mats`` (R, U, T, B of `rescale`, then gamma, alpha and error_k),
-# their views made where used: every array handed to an inlined function costs a
-# reference-count call or two (a no-op on these borrowed arrays, but a call), so the
-# step's functions get two arrays, not fifteen.
+# The scratch, one allocation: ``rows`` (state-sized: the differences D, then ypred, psi,
+# d, y, f and the error weights) and ``mats`` (R, U, T, B of `rescale`, then gamma, alpha
+# and error_k). `_work` hands the step's functions ``rows`` and the four `rescale`
+# matrices as borrowed 2-D views (see `sciml._jit` on reshapes), the rest as ``mats``.
 YPRED, PSI, DCOR, Y, F, WT = range(MAX_ORDER + 3, MAX_ORDER + 9)
 _G0 = 108 + (MAX_ORDER + 1) * _BLOCK
 _A0 = _G0 + MAX_ORDER + 2
@@ -189,13 +188,13 @@ def _work(sys, tab, ctl, z):
     nz = z.shape[0]
     own = np.zeros((WT + 1) * nz + _E0 + MAX_ORDER + 2)
     buf = borrow(own)
-    # reshape's result is opaque to LLVM (made through a call): borrowed again, so that its
-    # reference counts fold away
+    # a reshape's result is opaque to LLVM (made through a call): borrowed again, so that
+    # its reference counts fold away
     rows = borrow(buf[:(WT + 1) * nz].reshape((WT + 1, nz)))
     mats = buf[(WT + 1) * nz:]
-    sq = (borrow(mats[:36].reshape((6, 6))), borrow(mats[36:72].reshape((6, 6))),
-          borrow(mats[72:108].reshape((6, 6))),
-          borrow(mats[108:_G0].reshape((MAX_ORDER + 1, _BLOCK))))
+    rutb = (borrow(mats[:36].reshape((6, 6))), borrow(mats[36:72].reshape((6, 6))),
+            borrow(mats[72:108].reshape((6, 6))),
+            borrow(mats[108:_G0].reshape((MAX_ORDER + 1, _BLOCK))))
     for k_ in range(1, MAX_ORDER + 2):
         mats[_G0 + k_] = mats[_G0 + k_ - 1] + 1.0 / k_
     for k_ in range(MAX_ORDER + 2):
@@ -203,7 +202,7 @@ def _work(sys, tab, ctl, z):
         mats[_A0 + k_] = (1.0 - kap) * mats[_G0 + k_]
         mats[_E0 + k_] = kap * mats[_G0 + k_] + 1.0 / (k_ + 1)
     newton_tol = max(10.0 * _EPS / ctl.rtol, min(0.03, math.sqrt(ctl.rtol)))
-    return own, (rows, mats, newton_tol, sys_mass(sys).shape[0] == 0, sq)
+    return own, (rows, mats, newton_tol, sys_mass(sys).shape[0] == 0, rutb)
 
 
 @jit(inline="always")

@@ -155,9 +155,10 @@ def family_loop(name, doc, *step):
 
 
 class Family(NamedTuple):
-    """What a method family gives the engine besides its loop; one entry of
-    `family.FAMILIES` (its registration). Each function is plain Python that the engine
-    compiles inline where a sensitivity loop calls it:
+    """What a method family gives the engine: its loop, and what sensitivity loops read of
+    its stored steps; one entry of `family.FAMILIES` (its registration). Each function but
+    the loop is plain Python that the engine compiles inline where a sensitivity loop
+    calls it:
 
     - ``integrate``: the family's loop (`family_loop`);
     - ``stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp)``: the stored forward
