@@ -126,11 +126,16 @@ class Note:
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel: ``name(*args)``; every argument is a float64 array except ``t``."""
+    """One kernel: ``name(*args)``; every argument is a float64 array except ``t``.
+
+    ``tables``: ``(name, values)`` of constant arrays the body reads as ``At(name, i)``
+    like arguments (the numbers of groups rolled into a loop, `sciml.model.roll`).
+    """
 
     name: str
     args: tuple
     body: tuple
+    tables: tuple = ()
 
     def statements(self):
         """Every statement, loops' bodies included (depth first)."""
@@ -211,8 +216,10 @@ def _lines(body, depth):
 
 
 def function_source(kernel):
-    """The text of one kernel as a numba function."""
+    """The text of one kernel as a numba function (its tables module constants named
+    ``<kernel>_<table>``)."""
     lines = [f"@jit\ndef {kernel.name}({', '.join(kernel.args)}):"]
+    lines += [f"    {t} = {kernel.name}_{t}" for t, _ in kernel.tables]
     body = list(_lines(kernel.body, 1))
     return "\n".join(lines + (body or ["    return"])) + "\n"
 
@@ -227,6 +234,10 @@ from nets.activations import sigmoid as _sigmoid
 from nets.activations import tanh as _tanh
 from sciml._jit import jit
 '''
+
+
+def _float(v):
+    return _PRINTER._print_Float(v)
 
 
 def python_source(title, kernels, constants=()):
@@ -246,6 +257,10 @@ def python_source(title, kernels, constants=()):
             f"_act_{n}_{k} = _af({n!r}, {k})\n" for n, k in custom))
     if constants:
         parts.append("".join(f"{k} = {v!r}\n" for k, v in constants))
+    tables = [(f"{k.name}_{t}", v) for k in kernels for t, v in k.tables]
+    if tables:
+        parts.append("".join(f"{name} = np.array([{', '.join(map(_float, v))}])\n"
+                             for name, v in tables))
     parts += [function_source(k) for k in kernels]
     return "\n\n".join(p.rstrip("\n") + "\n" for p in parts)
 

@@ -60,7 +60,7 @@ import sympy
 from sympy.simplify.cse_main import tree_cse
 
 from . import graph as _graph
-from . import netcode
+from . import netcode, roll
 from .code import Assign, At, Call, Kernel, Loop, Note, array, at, index, natural_key, real
 from .trace import T
 
@@ -120,6 +120,8 @@ _LARGE = 2000
 # graph, `sciml.model.trace`) take the graph path: derivatives and common subexpressions
 # by `sciml.model.graph`, linear in the expressions' size, instead of sympy's.
 GRAPH_FROM = 256
+# Graph-path kernels roll their repeated groups into loops (`sciml.model.roll`).
+ROLL = True
 
 
 def ws(i):
@@ -127,13 +129,17 @@ def ws(i):
 
 
 class _Body:
-    """Statements of one kernel; expressions are emitted in blocks, each through `sympy.cse`."""
+    """Statements of one kernel; expressions are emitted in blocks, each through `sympy.cse`
+    (graph nodes through `Graph.emit`, their repeated groups rolled into loops when
+    ``loads``, the input symbols' array elements, are given: `sciml.model.roll`)."""
 
-    def __init__(self, graph=None):
+    def __init__(self, graph=None, loads=None):
         self.stmts = []
         self.used = set()
         self._temps = sympy.numbered_symbols("s", real=True)
         self.graph = graph
+        self.loads = loads if ROLL else None
+        self.tables = []  # (name, values) of the kernel's constant tables
 
     def add(self, *stmts):
         for s in stmts:
@@ -172,9 +178,18 @@ class _Body:
         dropped)."""
         g = self.graph
         items = [it for it in items if not (it[2] and it[1] is g.ZERO)]
+        if self.loads is not None:
+            loops, items, read = roll.roll(g, items, self.loads, self._table, self._temps)
+            self.used |= read
+            self.stmts.extend(loops)
         stmts, leaves = g.emit(items, self._temps)
         self.used |= leaves
         self.stmts.extend(Assign(target, value, add) for target, value, add in stmts)
+
+    def _table(self, values):
+        name = array(f"tab{len(self.tables)}")
+        self.tables.append((str(name), values))
+        return name
 
     def zero(self, arr, size):
         """``arr[0:size] = 0`` as a loop."""
@@ -186,7 +201,7 @@ class _Body:
         """The kernel with the loads (symbol -> array element) it reads, first."""
         order = sorted((s for s in self.used if s in loads), key=lambda s: natural_key(s))
         head = [Assign(s, loads[s]) for s in order]
-        return Kernel(name, tuple(args), tuple(head + self.stmts))
+        return Kernel(name, tuple(args), tuple(head + self.stmts), tuple(self.tables))
 
 
 def _loads(arr, symbols):
@@ -265,8 +280,8 @@ class Derivatives:
         self.Pn = tuple(g.sym(s) for s in self.p)
         return g
 
-    def _body(self):
-        return _Body(self.graph)
+    def _body(self, loads=None):
+        return _Body(self.graph, self.base_loads if loads is None else loads)
 
     # ----------------------------------------------------------- analysis
 
@@ -467,11 +482,11 @@ class Derivatives:
         """``name(ubar, pbar, v, u, p, t, ws)``: ubar = v^T dF/du written, pbar += v^T dF/dp."""
         v = _symbols("v", self.m)
         if self.graph is not None:
-            body = self._body()
+            loads = {**self.base_loads, **_loads(V, v)}
+            body = self._body(loads)
             ubar, pbar = self._graph_vjp([self.graph.sym(a) for a in v])
             body.assign_nodes([(at(UBAR, j), x, False) for j, x in enumerate(ubar)]
                               + [(at(PBAR, j), x, True) for j, x in enumerate(pbar)])
-            loads = {**self.base_loads, **_loads(V, v)}
             return body.kernel(name, ["ubar", "pbar", "v", "u", "p", "t", "ws"], loads)
         xb, active, ubar, pbar, (need_in, fwd, syms, taped) = self._vjp_parts(v)
         body = _Body()
@@ -665,11 +680,11 @@ class Derivatives:
         lam, vv = _symbols("lam", self.m), _symbols("v", self.n)
         if self.graph is not None:
             g = self.graph
-            body = self._body()
+            loads = {**self.base_loads, **_loads(LAM, lam), **_loads(V, vv)}
+            body = self._body(loads)
             ubar, pbar = self._graph_hvp([g.sym(a) for a in lam], [g.sym(a) for a in vv])
             body.assign_nodes([(at(UBAR, j), x, False) for j, x in enumerate(ubar)]
                               + [(at(PBAR, j), x, True) for j, x in enumerate(pbar)])
-            loads = {**self.base_loads, **_loads(LAM, lam), **_loads(V, vv)}
             return body.kernel(name, ["ubar", "pbar", "lam", "v", "u", "p", "t", "ws"], loads)
         zd = {c.index: _symbols(f"zd{c.index}_", len(c.outputs)) for c in self.live}
         outs = {z: (c.index, o) for c in self.live for o, z in enumerate(c.outputs)}

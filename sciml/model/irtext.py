@@ -16,10 +16,12 @@ values in SSA registers directly, each node computed once per function:
   chunk and read in a later one passes through a stack array of ``name``.
 
 Supported statements: ``symbol = array[constant]`` (loads), ``symbol = node``
-(temporaries, each assigned once), ``array[constant] = node`` or ``+=``, and
-loops that fill an array with a constant (``for k in range(a, b): x[k] = c``).
-Anything else raises `LoweringError`, and the kernel is printed by
-`sciml.model.llvm` instead.
+(temporaries, each assigned once), ``array[constant] = node`` or ``+=``, loops
+that fill an array with a constant (``for k in range(a, b): x[k] = c``), and
+loops of such assignments at indices affine in the counter (repeated groups
+rolled, `sciml.model.roll`), reading the kernel's constant tables. Anything
+else raises `LoweringError`, and the kernel is printed by `sciml.model.llvm`
+instead.
 """
 
 import struct
@@ -57,7 +59,7 @@ _FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": 
 
 def graph_kernel(kernel):
     """Whether `kernel` holds graph nodes (and so is printed here)."""
-    return any(isinstance(s, Assign) and isinstance(s.value, Node) for s in kernel.body)
+    return any(isinstance(s, Assign) and isinstance(s.value, Node) for s in kernel.statements())
 
 
 def const(v):
@@ -73,6 +75,15 @@ def _index(i):
     raise LoweringError(f"index {i} is not a constant")
 
 
+def _affine(i, var):
+    """``(b, d)`` with index ``i = b + d var``."""
+    d = i.coeff(var) if var is not None else 0
+    b = sympy.expand(i - d * var) if d else i
+    if not (isinstance(d, int) or d.is_Integer) or not b.is_Integer:
+        raise LoweringError(f"index {i} is not affine in the loop's counter")
+    return int(b), int(d)
+
+
 class _Chunk:
     """One function being printed: its lines, SSA counter and values."""
 
@@ -84,6 +95,7 @@ class _Chunk:
         self.syms = {}  # symbol -> (ssa name, is_bool)
         self.elem = {}  # (array, index) -> pointer name
         self.tail = []  # stores into the spill array, before the function returns
+        self.counter = None  # (loop variable, its SSA name) inside a rolled loop
 
     def tmp(self):
         self.k += 1
@@ -93,9 +105,23 @@ class _Chunk:
         self.lines.append("  " + line)
 
     def ptr(self, arr, i):
+        """The pointer to ``arr[i]``, ``i`` an int or an index affine in the loop counter."""
         key = (arr, i)
         got = self.elem.get(key)
         if got is None:
+            if not isinstance(i, int):
+                var, ssa = self.counter or (None, None)
+                b, d = _affine(i, var)
+                if d:
+                    off = self.tmp()
+                    self.emit(f"{off} = mul i64 {ssa}, {d}")
+                    if b:
+                        o2 = self.tmp()
+                        self.emit(f"{o2} = add i64 {off}, {b}")
+                        off = o2
+                    i = off
+                else:
+                    i = b
             got = self.tmp()
             base = self.p.arg(arr)
             self.emit(f"{got} = getelementptr double, double* {base}, i64 {i}")
@@ -108,8 +134,14 @@ class _Chunk:
         got = self.syms.get(s)
         if got is not None:
             return got
-        name = s.name
         p = self.p
+        if isinstance(s, At):  # an element at the loop's counter
+            v = self.tmp()
+            arr, i = s.args
+            self.emit(f"{v} = load double, double* {self.ptr(arr.name, i)}")
+            got = self.syms[s] = (v, False)
+            return got
+        name = s.name
         if name in SCALAR_ARGS:
             got = (f'%"{name}"', False)
         elif s in p.loads:
@@ -317,7 +349,9 @@ class _Chunk:
         if isinstance(tgt, At):
             if is_bool:
                 raise LoweringError("a condition stored in an array")
-            arr, i = tgt.args[0].name, _index(tgt.args[1])
+            arr, i = tgt.args[0].name, tgt.args[1]
+            if self.counter is None:
+                i = _index(i)
             ptr = self.ptr(arr, i)
             if s.add:
                 old = self.tmp()
@@ -328,7 +362,8 @@ class _Chunk:
         if s.add or tgt in self.syms or tgt in self.p.defined:
             raise LoweringError(f"{tgt} is assigned more than once")
         self.syms[tgt] = (v, is_bool)
-        self.p.defined[tgt] = (self, v, is_bool)
+        if self.counter is None:  # (a loop's temporaries are its own)
+            self.p.defined[tgt] = (self, v, is_bool)
 
     def store_spill(self, slot, v, is_bool):
         """Store value `v` (this function's) into the spill array, at the function's end."""
@@ -339,6 +374,35 @@ class _Chunk:
             self.tail.append(f"  {d} = uitofp i1 {v} to double")
             v = d
         self.tail.append(f"  store double {v}, double* {q}")
+
+    def loop(self, loop):
+        """A fill (`fill`) or a rolled loop: straight-line assignments at indices affine in
+        the counter, run at least once. Values computed before it are reused inside; its
+        own (loads included) are not seen after it."""
+        if len(loop.body) == 1 and not isinstance(loop.body[0].value, Node):
+            return self.fill(loop)
+        if self.counter is not None or loop.stop <= loop.start or loop.step != 1 \
+                or not all(isinstance(s, Assign) for s in loop.body):
+            raise LoweringError(f"unsupported loop over {loop.var}")
+        self.p.loops += 1
+        tag = f"L{self.p.loops}"
+        pre = self.block
+        self.emit(f"br label %{tag}.body")
+        self.lines.append(f"{tag}.body:")
+        i, nxt, c = self.tmp(), self.tmp(), self.tmp()
+        self.emit(f"{i} = phi i64 [{loop.start}, %{pre}], [{nxt}, %{tag}.body]")
+        outer = self.vals, self.syms, self.elem
+        self.vals, self.syms, self.elem = dict(self.vals), dict(self.syms), dict(self.elem)
+        self.counter = (loop.var, i)
+        for s in loop.body:
+            self.assign(s)
+        self.counter = None
+        self.vals, self.syms, self.elem = outer
+        self.emit(f"{nxt} = add i64 {i}, 1")
+        self.emit(f"{c} = icmp slt i64 {nxt}, {loop.stop}")
+        self.emit(f"br i1 {c}, label %{tag}.body, label %{tag}.end")
+        self.lines.append(f"{tag}.end:")
+        self.block = f"{tag}.end"
 
     def fill(self, loop):
         """``for k in range(a, b): x[k] = c``."""
@@ -375,11 +439,23 @@ class _Printer:
         self.defined = {}  # temporary -> (chunk assigning it, its value, is_bool)
         self.slots = {}  # temporary -> (spill index, is_bool)
         self.loops = 0
+        self.tables = {t: len(v) for t, v in kernel.tables}
 
     def arg(self, name):
+        """The pointer to array argument or table ``name``."""
+        n = self.tables.get(name)
+        if n is not None:
+            return f'getelementptr ([{n} x double], [{n} x double]* @"{self.name}.{name}", ' \
+                   f"i64 0, i64 0)"
         if name not in self.kernel.args or name in SCALAR_ARGS:
             raise LoweringError(f"{name!r} is not an array argument")
         return f'%"{name}"'
+
+    def globals(self):
+        """The tables' definitions (private constants)."""
+        return [f'@"{self.name}.{t}" = private unnamed_addr constant [{len(v)} x double] ['
+                + ", ".join(f"double {const(x)}" for x in v) + "], align 8"
+                for t, v in self.kernel.tables]
 
     def declare(self, name, nargs):
         """``declare double @name(double, ...)`` in the module, once."""
@@ -418,10 +494,11 @@ class _Printer:
             body.append(s)
         chunks = [body[k:k + CHUNK] for k in range(0, len(body), CHUNK)] or [[]]
         if len(chunks) == 1:
-            return self._function(self.name, self._chunk(chunks[0]), "", "")
+            return "\n\n".join(self.globals()
+                               + [self._function(self.name, self._chunk(chunks[0]), "", "")])
         done = [self._chunk(c) for c in chunks]
-        out = [self._function(f"{self.name}.c{k}", ch, "internal ", " noinline")
-               for k, ch in enumerate(done)]
+        out = self.globals() + [self._function(f"{self.name}.c{k}", ch, "internal ", " noinline")
+                                for k, ch in enumerate(done)]
         args = ", ".join(f'double %"{a}"' if a in SCALAR_ARGS else f'double* %"{a}"'
                          for a in self.kernel.args)
         lines = [f'define void @"{self.name}"({self.params()})', "{", "entry:"]
@@ -437,7 +514,7 @@ class _Printer:
         ch.block = "entry"
         for s in stmts:
             if isinstance(s, Loop):
-                ch.fill(s)
+                ch.loop(s)
             else:
                 ch.assign(s)
         return ch

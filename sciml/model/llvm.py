@@ -88,6 +88,13 @@ class _Function:
                 arg.add_attribute("noalias")
             self.args[a] = arg
         self.fn = fn
+        self.tables = {}
+        for t, v in kernel.tables:
+            ty = ir.ArrayType(F64, len(v))
+            g = ir.GlobalVariable(module, ty, name=f"{name}.{t}")
+            g.global_constant, g.linkage = True, "private"
+            g.initializer = ir.Constant(ty, [float(x) for x in v])
+            self.tables[t] = g
         entry = fn.append_basic_block("entry")
         self.b = ir.IRBuilder(entry)
         self.slots = {}
@@ -166,6 +173,8 @@ class _Function:
     def _element(self, at):
         arr, idx = at.args
         name = str(arr)
+        if name in self.tables:
+            return self.b.gep(self.tables[name], [ir.Constant(I64, 0), self.value(idx, I64)])
         if name not in self.args or name in SCALAR_ARGS:
             raise LoweringError(f"{at}: {name!r} is not an array argument")
         return self.b.gep(self.args[name], [self.value(idx, I64)])

@@ -1,0 +1,255 @@
+"""Repeated groups of a large kernel rolled back into loops.
+
+A model written as a loop over cells or copies (``for i in range(n): out += [...]``)
+is traced into straight-line outputs: n copies of the same few expressions on
+other states and constants. Printed as they are, a kernel's code grows with n;
+past a few thousand outputs it no longer fits the caches (its time per output
+grows) and LLVM compiles it without optimising (`sciml.model.llvm.BIG`). Here
+such runs become one `code.Loop` again, as the model's author wrote them:
+
+1. each output's expression is abstracted into a *shape*: its nodes in order,
+   each leaf replaced by a slot (an element of a loaded array: which array; a
+   number; any other symbol: itself);
+2. a *run* is a stretch of outputs periodic in shape with some period P (one
+   group's outputs), whose P-output blocks have the same joint shape (the
+   subexpressions they share included) and whose array indices, the outputs'
+   and the leaves', step by the same amount from each block to the next;
+3. the run becomes ``for i in range(N)``: block 0's expressions with element
+   ``a[j]`` read as ``a[j + i d]``, and each number that differs between blocks
+   read from a constant table of the kernel (`code.Kernel.tables`).
+
+A sum of many terms written to one output (a vjp's parameter gradient sums over
+every group) is first split into its terms, each added to the output, so that
+its repeated terms roll into a loop that accumulates.
+
+Only whole runs change form: what is not in a run is returned as it came.
+"""
+
+import numpy as np
+
+from .code import Assign, At, Loop, index
+from .graph import LEAVES, _children, postorder
+
+__all__ = ["roll", "MIN_BLOCKS"]
+
+MIN_BLOCKS = 8  # a run repeats its block at least this often
+MAX_PERIOD = 16  # outputs in a block
+BUDGET = 300  # nodes in one output's expression beyond which it is left as it is
+SPLIT_FROM = 64  # a sum of at least this many terms is split into its terms
+
+
+class _Shape:
+    """The shape of some outputs' expressions (``key``: hashable) and the values of
+    its slots: ``idx`` (the outputs' array indices, then the loaded leaves'), ``num`` (the
+    numbers); ``at`` and ``nums``: the leaf nodes of those slots."""
+
+    __slots__ = ("key", "idx", "num", "at", "nums")
+
+
+def _shape(items, loads, budget):
+    """The joint `_Shape` of ``items`` ((target element, node, add)), or None when
+    larger than ``budget`` nodes or a target is not an element of an array."""
+    ids, toks, idx, num, lv_idx, lv_num = {}, [], [], [], [], []
+    heads = []
+    for target, _, add in items:
+        if not isinstance(target, At) or not target.args[1].is_Integer:
+            return None
+        heads.append((target.args[0], add))
+        idx.append(int(target.args[1]))
+
+    entered = [0]  # nodes entered: bounds the size and the recursion's depth
+
+    def walk(nd):
+        k = ids.get(nd)
+        if k is not None:
+            return k
+        entered[0] += 1
+        if entered[0] > budget:
+            raise _TooLarge
+        op = nd.op
+        if op == "sym":
+            s = nd.args[0]
+            ld = loads.get(s)
+            if ld is None:
+                tok = ("sym", s)
+            else:
+                tok = ("at", ld.args[0])
+                idx.append(int(ld.args[1]))
+                lv_idx.append(nd)
+        elif op == "num":
+            tok = ("num",)
+            num.append(nd.args[0])
+            lv_num.append(nd)
+        elif op == "fn":
+            tok = ("fn", nd.args[0]) + tuple(walk(c) for c in nd.args[1:])
+        else:
+            tok = (op,) + tuple(walk(c) for c in nd.args)
+        k = ids[nd] = len(toks)
+        toks.append(tok)
+        return k
+
+    try:
+        roots = tuple(walk(nd) for _, nd, _ in items)
+    except _TooLarge:
+        return None
+    s = _Shape()
+    s.key = (tuple(heads), tuple(toks), roots)
+    s.idx, s.num, s.at, s.nums = idx, num, lv_idx, lv_num
+    return s
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _split(g, items):
+    """``(zeros, items)``: each sum of `SPLIT_FROM` terms or more written to one element,
+    as its terms added one by one, and the statements zeroing the elements that were
+    assigned (to run before any of the rest)."""
+    out, zeros = [], []
+    for target, nd, add in items:
+        if nd.op == "add" and len(nd.args) >= SPLIT_FROM:
+            if not add:
+                zeros.append(Assign(target, g.ZERO))
+            out.extend((target, c, True) for c in nd.args)
+        else:
+            out.append((target, nd, add))
+    return zeros, out
+
+
+def _periodic(kind, n):
+    """``(cover, period)``, arrays over the start a: the most outputs from a covered by
+    whole blocks of some period P <= `MAX_PERIOD` that repeat the kinds of the first
+    (of `MIN_BLOCKS` blocks or more), and that P (smallest on ties; 0: none)."""
+    best_cover = np.zeros(n, dtype=np.int64)
+    best_p = np.zeros(n, dtype=np.int64)
+    for p in range(1, MAX_PERIOD + 1):
+        if n < p * MIN_BLOCKS:
+            break
+        same = np.zeros(n, dtype=np.int64)
+        same[: n - p] = kind[: n - p] == kind[p:]
+        # run[a]: how many of a, a+1, ... in a row have kind equal to P further on
+        run = np.zeros(n + 1, dtype=np.int64)
+        z = np.flatnonzero(same == 0)
+        nxt = np.full(n + 1, n, dtype=np.int64)
+        # next position >= a where `same` is 0 (n when none)
+        nxt[z] = z
+        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
+        run[:n] = nxt[:n] - np.arange(n)
+        cover = (run[:n] // p + 1) * p
+        cover = np.minimum(cover, n - np.arange(n)) // p * p
+        better = cover > best_cover
+        best_cover[better] = cover[better]
+        best_p[better] = p
+    return best_cover, best_p
+
+
+def roll(g, items, loads, new_table, temps):
+    """``(stmts, rest, leaves)``: statements to run first, `code.Loop` statements for the
+    runs among ``items`` ((target array element, graph node, add)) after any zeroing of
+    split sums' outputs; the items outside runs, in order, to run after them; and the
+    symbols the loops read (for the kernel's loads).
+
+    ``loads`` maps each input symbol to the array element it is loaded from;
+    ``new_table(values)`` returns the Symbol of a new constant table of the kernel;
+    ``temps`` yields the loops' temporaries.
+    """
+    zeros, items = _split(g, items)
+    n = len(items)
+    if n < MIN_BLOCKS:
+        return zeros, items, set()
+    shapes = [_shape([it], loads, BUDGET) for it in items]
+    kinds, kind = {}, np.empty(n, dtype=np.int64)
+    for k, s in enumerate(shapes):
+        kind[k] = -1 - k if s is None else kinds.setdefault(s.key, len(kinds))
+    cover, period = _periodic(kind, n)
+    loops, rest, leaves = zeros, [], set()
+    a = 0
+    while a < n:
+        p = int(period[a])
+        if p == 0 or cover[a] < p * MIN_BLOCKS:
+            rest.append(items[a])
+            a += 1
+            continue
+        # kinds repeating every P repeat every multiple of P: the indices may step
+        # only at a multiple (two terms of one group in a sum of terms, say)
+        for q in range(p, MAX_PERIOD + 1, p):
+            blocks = _run(items[a:a + int(cover[a]) // q * q], q, loads)
+            if len(blocks) >= MIN_BLOCKS:
+                p = q
+                break
+        else:
+            rest.extend(items[a:a + p])
+            a += p
+            continue
+        loop, read = _loop(g, items[a:a + p], blocks, loads, new_table, temps,
+                           len(loops) - len(zeros))
+        loops.append(loop)
+        leaves |= read
+        a += p * len(blocks)
+    return loops, rest, leaves
+
+
+def _run(items, p, loads):
+    """The joint shapes of the leading blocks of P items that form a run: equal shapes,
+    every index stepping by the same amount from block to block."""
+    first = _shape(items[:p], loads, BUDGET * p)
+    if first is None:
+        return []
+    blocks = [first]
+    step = None
+    for b in range(p, len(items) - p + 1, p):
+        s = _shape(items[b:b + p], loads, BUDGET * p)
+        if s is None or s.key != first.key:
+            break
+        d = [x - y for x, y in zip(s.idx, first.idx)]
+        if step is None:
+            step = d
+        elif any(x != len(blocks) * y for x, y in zip(d, step)):
+            break
+        blocks.append(s)
+    if step is not None:
+        # outputs assigned (not added) must be distinct elements in every iteration
+        for (_, _, add), d in zip(items[:p], step):
+            if not add and d == 0:
+                return blocks[:1]
+    return blocks
+
+
+def _loop(g, block, shapes, loads, new_table, temps, k):
+    """The `code.Loop` of a run: ``block``'s items with their slots indexed by the counter."""
+    i = index(f"r{k}")
+    first = shapes[0]
+    step = [x - y for x, y in zip(shapes[1].idx, first.idx)]
+    n_out = len(block)
+    sub = {}
+    for leaf, b, d in zip(first.at, first.idx[n_out:], step[n_out:]):
+        if d:
+            sub[leaf] = g.sym(At(loads[leaf.args[0]].args[0], b + d * i))
+    for j, leaf in enumerate(first.nums):
+        values = [s.num[j] for s in shapes]
+        if any(v != values[0] for v in values):
+            sub[leaf] = g.sym(At(new_table(tuple(values)), i))
+    memo = {}
+    body = []
+    for (target, nd, add), b, d in zip(block, first.idx, step):
+        body.append((At(target.args[0], b + d * i) if d else target,
+                     _substitute(g, nd, sub, memo), add))
+    stmts, read = g.emit(body, temps)
+    return Loop(i, 0, len(shapes), tuple(Assign(t, v, a) for t, v, a in stmts)), read
+
+
+def _substitute(g, nd, sub, memo):
+    """`nd` with its leaves replaced as ``sub`` says (the same structure: no folding)."""
+    def leaf(x):
+        if x.op in LEAVES:
+            return sub.get(x, x)
+        return None
+
+    def combine(x, memo):
+        a = x.args
+        new = (a[0],) + tuple(memo[c] for c in a[1:]) if x.op == "fn" else \
+            tuple(memo[c] for c in a)
+        return x if all(u is v for u, v in zip(new, a)) else g._node(x.op, new)
+
+    return postorder(nd, memo, _children, combine, leaf)
