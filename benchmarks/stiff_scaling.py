@@ -29,6 +29,10 @@ each tolerance of ``--tols``, pydiffsol's BDF at that rtol sets the error to
 reach; ours (BDF and Rodas5) run over a sweep of rtols around it (`SWEEP`),
 and each one's time at pydiffsol's error is read off its sweep (log-log
 interpolation between the two solves that bracket it).
+
+``--per-step 100,1000,10000`` gives ours' best time of a solve divided by its
+steps and states, for each tolerance: how the cost grows with the states apart
+from the number of steps.
 """
 
 import json
@@ -416,6 +420,9 @@ def main(argv=None):
                    help="comma-separated ngroups (default 1,10,100,1000)")
     p.add_argument("--tols", default="1e-4,1e-8")
     p.add_argument("--bruss", default="16,32", help="2-D Brusselator grid sizes N (N x N)")
+    p.add_argument("--per-step", default="", metavar="GROUPS",
+                   help="comma-separated ngroups: ours' time per step and state at each of "
+                        "--tols (then only this runs)")
     p.add_argument("--equal-accuracy", default="", metavar="GROUPS",
                    help="comma-separated ngroups: ours swept over rtols against pydiffsol at "
                         "each of --tols, ours' time read off at pydiffsol's error (then only "
@@ -425,6 +432,8 @@ def main(argv=None):
     tols = [float(t) for t in args.tols.split(",")]
     repeats = 3 if args.quick else 7
     print(H.busy_note())
+    if args.per_step:
+        return _per_step_main(args, tols, repeats)
     if args.equal_accuracy:
         return _equal_accuracy_main(args, tols, repeats)
     if args.quick:
@@ -486,6 +495,55 @@ def main(argv=None):
                        "results": results}, f, indent=1)
             f.write("\n")
 
+
+
+def per_step(ng, tol, repeats):
+    """Ours (BDF, Rodas5) on ``ng`` groups at rtol ``tol``: best time of ``repeats`` solves,
+    the steps taken (accepted and rejected), and the time per step and state: flat when
+    the cost is linear in the states (the steps themselves grow slowly with the groups)."""
+    import sciml
+
+    model = ours_model(ng)
+    prob = sciml.ODEProblem(model, u0=np.tile([1.0, 0.0, 0.0], ng), tspan=(0.0, T_END),
+                            params=np.array(K))
+    out = []
+    for name, solver in (("ours-BDF", sciml.BDF()), ("ours-Rodas5", sciml.Rodas5())):
+        def run(solver=solver):
+            return sciml.solve(prob, solver, rtol=tol, atol=1e-4 * tol, saveat=[T_END])
+
+        sol = run()
+        best = min(_timed_once(run) for _ in range(repeats))
+        steps = sol.stats["n_accepted"] + sol.stats["n_rejected"]
+        out.append({"impl": name, "ngroups": ng, "states": 3 * ng, "rtol": tol,
+                    "best_s": best, "steps": steps, "nfev": sol.stats["nfev"],
+                    "ns_per_step_state": best / steps / (3 * ng) * 1e9})
+    return out
+
+
+def _timed_once(run):
+    t0 = time.perf_counter()
+    run()
+    return time.perf_counter() - t0
+
+
+def _per_step_main(args, tols, repeats):
+    rows = []
+    load = H.OtherLoad().start()
+    print(f"{'impl':12s} {'groups':>7s} {'rtol':>6s} {'best':>10s} {'steps':>6s} "
+          f"{'ns / step / state':>18s}")
+    for tol in tols:
+        for ng in [int(g) for g in args.per_step.split(",") if g]:
+            for r in per_step(ng, tol, repeats):
+                rows.append(r)
+                print(f"{r['impl']:12s} {ng:7d} {tol:6.0e} {r['best_s'] * 1e3:8.2f}ms "
+                      f"{r['steps']:6d} {r['ns_per_step_state']:18.1f}", flush=True)
+    print(H.OtherLoad.note(load.stop(), "while timing"))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump({"bench": "stiff_scaling --per-step", "machine": H.machine_info(1),
+                       "results": rows}, f, indent=1)
+            f.write("\n")
 
 
 def _equal_accuracy_main(args, tols, repeats):

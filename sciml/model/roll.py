@@ -81,15 +81,15 @@ def _shape(items, loads, budget):
             num.append(nd.args[0])
             lv_num.append(nd)
         elif op == "fn":
-            tok = ("fn", nd.args[0]) + tuple(walk(c) for c in nd.args[1:])
+            tok = ("fn", nd.args[0], *[walk(c) for c in nd.args[1:]])
         else:
-            tok = (op,) + tuple(walk(c) for c in nd.args)
+            tok = (op, *[walk(c) for c in nd.args])
         k = ids[nd] = len(toks)
         toks.append(tok)
         return k
 
     try:
-        roots = tuple(walk(nd) for _, nd, _ in items)
+        roots = tuple([walk(nd) for _, nd, _ in items])
     except _TooLarge:
         return None
     s = _Shape()
@@ -100,6 +100,46 @@ def _shape(items, loads, budget):
 
 class _TooLarge(Exception):
     pass
+
+
+def _kinds(items, loads):
+    """Each item's kind: equal for items whose expressions have the same tree (leaves as
+    `_shape` abstracts them, shared subexpressions not told apart: `_run` checks the
+    joint shapes), distinct negative numbers for items over `BUDGET` nodes."""
+    sig, size, ids = {}, {}, {}
+
+    def walk(nd, depth):
+        got = sig.get(nd)
+        if got is not None:
+            return got
+        if depth > BUDGET:
+            raise _TooLarge
+        op = nd.op
+        if op == "sym":
+            ld = loads.get(nd.args[0])
+            key, n = (("sym", nd.args[0]) if ld is None else ("at", ld.args[0])), 1
+        elif op == "num":
+            key, n = ("num",), 1
+        else:
+            kids = nd.args[1:] if op == "fn" else nd.args
+            sub = [walk(c, depth + 1) for c in kids]
+            n = 1 + sum([size[c] for c in kids])
+            if n > BUDGET:
+                raise _TooLarge
+            key = (op, nd.args[0], *sub) if op == "fn" else (op, *sub)
+        got = sig[nd] = ids.setdefault(key, len(ids))
+        size[nd] = n
+        return got
+
+    kind = np.empty(len(items), dtype=np.int64)
+    for k, (target, nd, add) in enumerate(items):
+        try:
+            if not isinstance(target, At) or not target.args[1].is_Integer:
+                raise _TooLarge
+            kind[k] = ids.setdefault((target.args[0], add, walk(nd, 0)), len(ids))
+        except _TooLarge:
+            kind[k] = -1 - k
+    return kind
 
 
 def _split(g, items):
@@ -158,10 +198,7 @@ def roll(g, items, loads, new_table, temps):
     n = len(items)
     if n < MIN_BLOCKS:
         return zeros, items, set()
-    shapes = [_shape([it], loads, BUDGET) for it in items]
-    kinds, kind = {}, np.empty(n, dtype=np.int64)
-    for k, s in enumerate(shapes):
-        kind[k] = -1 - k if s is None else kinds.setdefault(s.key, len(kinds))
+    kind = _kinds(items, loads)
     cover, period = _periodic(kind, n)
     loops, rest, leaves = zeros, [], set()
     a = 0
