@@ -582,10 +582,21 @@ def _size(kernel):
                for s in kernel.statements())
 
 
+# A graph kernel's loop (repeated groups rolled, `sciml.model.roll`) costs LLVM's optimising
+# pipeline (its loop analyses, vectoriser, unroller) about as much as this many statements:
+# a kernel of many short loops (a 2-D grid's rows) compiles faster by the fast code generator,
+# and runs about as fast, as python -m benchmarks.stiff_scaling's Brusselator measures.
+LOOP_SIZE = 60
+
+
 def is_big(kernel):
     """Whether `kernel` has more than `BIG` statements (compiled without LLVM's optimising
-    code generator)."""
-    return _size(kernel) > BIG
+    code generator), each rolled loop of a graph kernel counted as `LOOP_SIZE` more."""
+    size = _size(kernel)
+    if irtext.graph_kernel(kernel):
+        size += LOOP_SIZE * sum(isinstance(s, Loop) and isinstance(s.body[0].value, Node)
+                                for s in kernel.body)
+    return size > BIG
 
 
 class _JIT:

@@ -208,17 +208,27 @@ def roll(g, items, loads, new_table, temps):
             rest.append(items[a])
             a += 1
             continue
-        # kinds repeating every P repeat every multiple of P: the indices may step
-        # only at a multiple (two terms of one group in a sum of terms, say)
-        for q in range(p, MAX_PERIOD + 1, p):
-            blocks = _run(items[a:a + int(cover[a]) // q * q], q, loads)
-            if len(blocks) >= MIN_BLOCKS:
-                p = q
-                break
-        else:
-            rest.extend(items[a:a + p])
-            a += p
-            continue
+        blocks = _run(items[a:a + int(cover[a])], p, loads)
+        if len(blocks) < MIN_BLOCKS:
+            skip = p
+            if len(blocks) > 2:
+                # the indices stepped evenly and then did not (a grid row's end): a run
+                # of period P starting inside these blocks breaks there too
+                skip = p * len(blocks)
+            else:
+                # kinds repeating every P repeat every multiple of P: the indices may
+                # step only at a multiple (two terms of one group in a sum, say)
+                for q in range(2 * p, MAX_PERIOD + 1, p):
+                    if cover[a] < q * MIN_BLOCKS:
+                        break
+                    blocks = _run(items[a:a + int(cover[a]) // q * q], q, loads)
+                    if len(blocks) >= MIN_BLOCKS:
+                        p = q
+                        break
+            if len(blocks) < MIN_BLOCKS:
+                rest.extend(items[a:a + skip])
+                a += skip
+                continue
         loop, read = _loop(g, items[a:a + p], blocks, loads, new_table, temps,
                            len(loops) - len(zeros))
         loops.append(loop)

@@ -198,3 +198,37 @@ def test_periods():
     assert (period[0], cover[0]) == (1, 20) and (period[19], cover[19]) == (1, 1)
     cover, _ = roll._periodic(np.array([5] * 7), 7)  # fewer than MIN_BLOCKS
     assert not cover.any()
+
+
+def _grid(N):
+    """A periodic N x N diffusion-reaction grid: its rows roll, each row its own loop (the
+    wrap-around cells step unevenly)."""
+    def f(u, p, t):
+        out = []
+        for i in range(N):
+            for j in range(N):
+                nb = [((i + 1) % N) * N + j, ((i - 1) % N) * N + j, i * N + (j + 1) % N,
+                      i * N + (j - 1) % N]
+                k = i * N + j
+                out.append(p.a * (sum(u[q] for q in nb) - 4 * u[k]) - p.b * u[k] ** 2)
+        return out
+
+    return sciml.Model(f, [f"u{k}" for k in range(N * N)], ["a", "b"])
+
+
+def test_kernels_of_many_loops_take_the_fast_code_generator(rng):
+    # LLVM's optimising pipeline costs more per loop than per statement; many short loops
+    # (one per grid row) compile faster, and run about as fast, without it
+    from sciml.model import llvm
+
+    grid = _grid(64)
+    rhs = grid._asm.sets["f"].tree("rhs", "values")
+    n_loops = sum(isinstance(s, Loop) for s in rhs.body)
+    assert n_loops >= 60 and sum(1 for _ in rhs.statements()) < llvm.BIG < llvm._size(rhs) \
+        + llvm.LOOP_SIZE * n_loops
+    assert llvm.is_big(rhs)
+    assert not llvm.is_big(robertson_groups(100)._asm.sets["f"].tree("rhs", "values"))
+    u, p = rng.uniform(0.5, 1.5, 64 * 64), np.array([0.3, 0.2])
+    U = u.reshape(64, 64)
+    lap = (np.roll(U, 1, 0) + np.roll(U, -1, 0) + np.roll(U, 1, 1) + np.roll(U, -1, 1) - 4 * U)
+    close(grid.rhs(u, p), (0.3 * lap - 0.2 * U**2).ravel(), rtol=1e-13, atol=1e-15)
