@@ -119,7 +119,7 @@ def linear_algebra(model, linsolve):
     s = model._sparse_lu({"banded": "rcm", "krylov": "ilu0"}.get(kind, "mmd"))
     nnz = s.idx.shape[0]
     s = s._replace(Jx=np.zeros(s.jidx.shape[0]), mass=mass, LU1=np.zeros(nnz),
-                   LU2=np.zeros(nnz), w=np.zeros(n), mark=np.zeros(n, dtype=np.int64))
+                   LU2=np.zeros(nnz), w=np.zeros(n), mark=np.zeros_like(s.mark))
     return krylov.build(s) if kind == "krylov" else s
 
 

@@ -38,7 +38,8 @@ class SparseLU(NamedTuple):
     J's entries in the factors; perm (n,) : the ordering q (row/column i of the
     factors is q[i] of W); ptr, idx, diag : the factors' pattern; Jx (nnz_J,) : J's
     values; mass : the diagonal mass matrix (empty: the identity); LU1, LU2 (nnz_LU,) :
-    two factorisations (a system uses one or both); w (n,), mark (n,) int64 : scratch.
+    two factorisations (a system uses one or both); w (n,) : scratch; mark (n,) int64 :
+    scratch of an incomplete LU (``"ilu0"``), empty for the exact one.
     """
 
     jptr: np.ndarray
@@ -156,9 +157,10 @@ def analyse(jptr, jidx, n, ordering="mmd"):
         ptr, idx, diag = symbolic(bptr, bidx, n)
     rows = np.repeat(np.arange(n), np.diff(jptr))
     jmap = _positions(ptr, idx, inv[rows], inv[jidx])
+    mark = np.zeros(n if ordering == "ilu0" else 0, dtype=np.int64)
     return SparseLU(jptr, jidx, jmap, perm, ptr, idx, diag, np.zeros(jidx.shape[0]),
                     np.zeros(0), np.zeros(idx.shape[0]), np.zeros(idx.shape[0]), np.zeros(n),
-                    np.zeros(n, dtype=np.int64))
+                    mark)
 
 
 @jit
@@ -190,6 +192,7 @@ def factor(s, LU, ihg, sign):
     """
     ptr, idx, diag, w, mark = s.ptr, s.idx, s.diag, s.w, s.mark
     n = diag.shape[0]
+    drop = mark.shape[0] > 0  # an incomplete LU: updates outside the pattern dropped
     for q in range(LU.shape[0]):
         LU[q] = 0.0
     for e in range(s.Jx.shape[0]):
@@ -197,21 +200,28 @@ def factor(s, LU, ihg, sign):
     unit = s.mass.shape[0] == 0
     for i in range(n):
         LU[diag[i]] += ihg if unit else ihg * s.mass[s.perm[i]]
-        mark[i] = -1
+        if drop:
+            mark[i] = -1
     for i in range(n):
         lo, hi = ptr[i], ptr[i + 1]
         for q in range(lo, hi):
             w[idx[q]] = LU[q]
-            mark[idx[q]] = i
+            if drop:
+                mark[idx[q]] = i
         for q in range(lo, diag[i]):
             k = idx[q]
             lik = w[k] / LU[diag[k]]
             w[k] = lik
             if lik != 0.0:
-                for r in range(diag[k] + 1, ptr[k + 1]):
-                    j = idx[r]
-                    if mark[j] == i:
-                        w[j] -= lik * LU[r]
+                if drop:
+                    for r in range(diag[k] + 1, ptr[k + 1]):
+                        j = idx[r]
+                        if mark[j] == i:
+                            w[j] -= lik * LU[r]
+                else:
+                    # with its fill, row i's pattern holds all of U's row k beyond k
+                    for r in range(diag[k] + 1, ptr[k + 1]):
+                        w[idx[r]] -= lik * LU[r]
         for q in range(lo, hi):
             LU[q] = w[idx[q]]
             w[idx[q]] = 0.0
