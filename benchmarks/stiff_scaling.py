@@ -488,13 +488,17 @@ def main(argv=None):
             results.append({"problem": "brusselator_2d", "N": N, "states": 2 * N * N,
                             "rtol": tol, "atol": 1e-3 * tol, "build_s": build,
                             "other_load": cores, "rows": rows})
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"bench": "stiff_scaling", "machine": H.machine_info(1),
-                       "results": results}, f, indent=1)
-            f.write("\n")
+    _write_json(args.json, {"bench": "stiff_scaling", "results": results})
 
+
+def _write_json(path, payload):
+    """``payload`` with the machine's description to ``path`` (nothing when no path)."""
+    if path:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"bench": payload["bench"], "machine": H.machine_info(1),
+                       **{k: v for k, v in payload.items() if k != "bench"}}, f, indent=1)
+            f.write("\n")
 
 
 def per_step(ng, tol, repeats):
@@ -538,12 +542,7 @@ def _per_step_main(args, tols, repeats):
                 print(f"{r['impl']:12s} {ng:7d} {tol:6.0e} {r['best_s'] * 1e3:8.2f}ms "
                       f"{r['steps']:6d} {r['ns_per_step_state']:18.1f}", flush=True)
     print(H.OtherLoad.note(load.stop(), "while timing"))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"bench": "stiff_scaling --per-step", "machine": H.machine_info(1),
-                       "results": rows}, f, indent=1)
-            f.write("\n")
+    _write_json(args.json, {"bench": "stiff_scaling --per-step", "results": rows})
 
 
 def _equal_accuracy_main(args, tols, repeats):
@@ -567,12 +566,8 @@ def _equal_accuracy_main(args, tols, repeats):
                     f"{peer['median_s'] / t:.2f}x"
                 print(f"  {name} {what}")
             results.append(r)
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"bench": "stiff_scaling --equal-accuracy", "machine": H.machine_info(1),
-                       "sweep": SWEEP, "results": results}, f, indent=1)
-            f.write("\n")
+    _write_json(args.json, {"bench": "stiff_scaling --equal-accuracy", "sweep": SWEEP,
+                            "results": results})
 
 
 if __name__ == "__main__":
