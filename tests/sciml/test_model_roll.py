@@ -232,3 +232,35 @@ def test_kernels_of_many_loops_take_the_fast_code_generator(rng):
     U = u.reshape(64, 64)
     lap = (np.roll(U, 1, 0) + np.roll(U, -1, 0) + np.roll(U, 1, 1) + np.roll(U, -1, 1) - 4 * U)
     close(grid.rhs(u, p), (0.3 * lap - 0.2 * U**2).ravel(), rtol=1e-13, atol=1e-15)
+
+
+def test_every_function_rolls(monkeypatch, rng):
+    # test_model_graph's model using every supported function (piecewise values, logical
+    # conditions, libm calls, the inline tanh), copied 12 times with a per-copy constant:
+    # each kernel kind rolled agrees with its straight-line form
+    from sciml.model import trace
+
+    from .test_model_graph import every
+
+    monkeypatch.setattr(trace, "GRAPH_FROM", 0)
+    monkeypatch.setattr(derivatives, "GRAPH_FROM", 0)
+
+    class View:
+        def __init__(self, u, k):
+            self.u, self.k = u, k
+
+        def __iter__(self):
+            return iter(self.u[4 * self.k:4 * self.k + 4])
+
+    def copies(u, p, t):
+        out = []
+        for k in range(12):
+            out += [(1 + 0.01 * k) * e for e in every(View(u, k), p, t)]
+        return out
+
+    names = [f"{c}{k}" for k in range(12) for c in "xyzw"]
+    make = lambda: sciml.Model(copies, names, ["a", "b"])  # noqa: E731
+    m, _, _ = _agree(make, monkeypatch, 6)
+    loops = _loops(m)
+    # (the hvp's expressions of this model are over roll.BUDGET nodes: left straight-line)
+    assert all(loops[k] for k in ("rhs", "spjac", "paramjac", "vjp"))
