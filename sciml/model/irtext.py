@@ -33,7 +33,7 @@ from sympy.codegen.cfunctions import expm1, log1p, log2, log10
 from .code import SCALAR_ARGS, Assign, At, Loop, Note, sigmoid
 from .graph import BOOL_OPS, Node, postorder
 
-__all__ = ["kernel_text", "LoweringError", "CHUNK", "graph_kernel"]
+__all__ = ["kernel_text", "LoweringError", "CHUNK", "graph_kernel", "is_fill"]
 
 # Statements per function (see the module): small enough for LLVM's per-function work
 # to stay cheap, large enough for the calls between chunks not to matter.
@@ -57,6 +57,12 @@ LIBM = {sympy.tan: "tan", sympy.asin: "asin", sympy.acos: "acos", sympy.atan: "a
 _FCMP = {"lt": "olt", "le": "ole", "gt": "ogt", "ge": "oge", "eq": "oeq", "ne": "une"}
 
 
+def is_fill(loop):
+    """Whether `loop` fills an array with a number (not a rolled loop of nodes)."""
+    b = loop.body
+    return len(b) == 1 and isinstance(b[0], Assign) and not isinstance(b[0].value, Node)
+
+
 def graph_kernel(kernel):
     """Whether `kernel` holds graph nodes (and so is printed here)."""
     return any(isinstance(s, Assign) and isinstance(s.value, Node) for s in kernel.statements())
@@ -75,13 +81,21 @@ def _index(i):
     raise LoweringError(f"index {i} is not a constant")
 
 
-def _affine(i, var):
-    """``(b, d)`` with index ``i = b + d var``."""
-    d = i.coeff(var) if var is not None else 0
-    b = sympy.expand(i - d * var) if d else i
-    if not (isinstance(d, int) or d.is_Integer) or not b.is_Integer:
-        raise LoweringError(f"index {i} is not affine in the loop's counter")
-    return int(b), int(d)
+def _affine(i, counters):
+    """``(b, [(d, ssa), ...])`` with index ``i = b + sum d var`` over the loop counters
+    (``{var: its SSA name}``)."""
+    terms, b = [], i
+    for var, ssa in counters.items():
+        d = i.coeff(var)
+        if d:
+            if not d.is_Integer:
+                raise LoweringError(f"index {i} is not affine in the loops' counters")
+            terms.append((int(d), ssa))
+            b = b - d * var
+    b = sympy.expand(b)
+    if not b.is_Integer:
+        raise LoweringError(f"index {i} is not affine in the loops' counters")
+    return int(b), terms
 
 
 class _Chunk:
@@ -95,7 +109,7 @@ class _Chunk:
         self.syms = {}  # symbol -> (ssa name, is_bool)
         self.elem = {}  # (array, index) -> pointer name
         self.tail = []  # stores into the spill array, before the function returns
-        self.counter = None  # (loop variable, its SSA name) inside a rolled loop
+        self.counters = {}  # loop variable -> its SSA name, inside rolled loops
 
     def tmp(self):
         self.k += 1
@@ -110,18 +124,14 @@ class _Chunk:
         got = self.elem.get(key)
         if got is None:
             if not isinstance(i, int):
-                var, ssa = self.counter or (None, None)
-                b, d = _affine(i, var)
-                if d:
-                    off = self.tmp()
-                    self.emit(f"{off} = mul i64 {ssa}, {d}")
-                    if b:
-                        o2 = self.tmp()
-                        self.emit(f"{o2} = add i64 {off}, {b}")
-                        off = o2
-                    i = off
-                else:
-                    i = b
+                b, terms = _affine(i, self.counters)
+                off = str(b)
+                for d, ssa in terms:
+                    m, acc = self.tmp(), self.tmp()
+                    self.emit(f"{m} = mul i64 {ssa}, {d}")
+                    self.emit(f"{acc} = add i64 {m}, {off}")
+                    off = acc
+                i = off
             got = self.tmp()
             base = self.p.arg(arr)
             self.emit(f"{got} = getelementptr double, double* {base}, i64 {i}")
@@ -350,7 +360,7 @@ class _Chunk:
             if is_bool:
                 raise LoweringError("a condition stored in an array")
             arr, i = tgt.args[0].name, tgt.args[1]
-            if self.counter is None:
+            if not self.counters:
                 i = _index(i)
             ptr = self.ptr(arr, i)
             if s.add:
@@ -362,7 +372,7 @@ class _Chunk:
         if s.add or tgt in self.syms or tgt in self.p.defined:
             raise LoweringError(f"{tgt} is assigned more than once")
         self.syms[tgt] = (v, is_bool)
-        if self.counter is None:  # (a loop's temporaries are its own)
+        if not self.counters:  # (a loop's temporaries are its own)
             self.p.defined[tgt] = (self, v, is_bool)
 
     def store_spill(self, slot, v, is_bool):
@@ -376,13 +386,14 @@ class _Chunk:
         self.tail.append(f"  store double {v}, double* {q}")
 
     def loop(self, loop):
-        """A fill (`fill`) or a rolled loop: straight-line assignments at indices affine in
-        the counter, run at least once. Values computed before it are reused inside; its
-        own (loads included) are not seen after it."""
-        if len(loop.body) == 1 and not isinstance(loop.body[0].value, Node):
+        """A fill (`fill`) or a rolled loop (nest): assignments at indices affine in the
+        counters, or loops of them, run at least once. Values computed before it are
+        reused inside; its own (loads included) are not seen after it."""
+        body = loop.body
+        if is_fill(loop):
             return self.fill(loop)
-        if self.counter is not None or loop.stop <= loop.start or loop.step != 1 \
-                or not all(isinstance(s, Assign) for s in loop.body):
+        if loop.stop <= loop.start or loop.step != 1 \
+                or not all(isinstance(s, (Assign, Loop)) for s in body):
             raise LoweringError(f"unsupported loop over {loop.var}")
         self.p.loops += 1
         tag = f"L{self.p.loops}"
@@ -390,14 +401,20 @@ class _Chunk:
         self.emit(f"br label %{tag}.body")
         self.lines.append(f"{tag}.body:")
         i, nxt, c = self.tmp(), self.tmp(), self.tmp()
-        self.emit(f"{i} = phi i64 [{loop.start}, %{pre}], [{nxt}, %{tag}.body]")
+        self.emit(f"{i} = phi i64 [{loop.start}, %{pre}], [{nxt}, %{tag}.latch]")
+        self.block = f"{tag}.body"
         outer = self.vals, self.syms, self.elem
         self.vals, self.syms, self.elem = dict(self.vals), dict(self.syms), dict(self.elem)
-        self.counter = (loop.var, i)
-        for s in loop.body:
-            self.assign(s)
-        self.counter = None
+        self.counters[loop.var] = i
+        for s in body:
+            if isinstance(s, Loop):
+                self.loop(s)
+            else:
+                self.assign(s)
+        del self.counters[loop.var]
         self.vals, self.syms, self.elem = outer
+        self.emit(f"br label %{tag}.latch")
+        self.lines.append(f"{tag}.latch:")
         self.emit(f"{nxt} = add i64 {i}, 1")
         self.emit(f"{c} = icmp slt i64 {nxt}, {loop.stop}")
         self.emit(f"br i1 {c}, label %{tag}.body, label %{tag}.end")

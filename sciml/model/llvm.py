@@ -594,8 +594,8 @@ def is_big(kernel):
     code generator), each rolled loop of a graph kernel counted as `LOOP_SIZE` more."""
     size = _size(kernel)
     if irtext.graph_kernel(kernel):
-        size += LOOP_SIZE * sum(isinstance(s, Loop) and isinstance(s.body[0].value, Node)
-                                for s in kernel.body)
+        size += LOOP_SIZE * sum(isinstance(s, Loop) and not irtext.is_fill(s)
+                                for s in kernel.statements())
     return size > BIG
 
 

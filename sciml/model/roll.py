@@ -190,17 +190,38 @@ def roll(g, items, loads, new_table, temps):
     split sums' outputs; the items outside runs, in order, to run after them; and the
     symbols the loops read (for the kernel's loads).
 
+    Runs are looked for again among the items left (the boundary cells of a grid's rows
+    repeat from row to row), and consecutive runs that repeat each other with every index
+    stepping evenly from run to run (a grid's rows) become one loop nest.
+
     ``loads`` maps each input symbol to the array element it is loaded from;
     ``new_table(values)`` returns the Symbol of a new constant table of the kernel;
     ``temps`` yields the loops' temporaries.
     """
-    zeros, items = _split(g, items)
+    zeros, rest = _split(g, items)
+    runs = []
+    for _ in range(3):
+        found, rest = _runs(rest, loads)
+        runs += found
+        if not found:
+            break
+    stmts, leaves = list(zeros), set()
+    for nest in _nests(runs):
+        loop, read = _loop(g, nest, loads, new_table, temps, len(stmts) - len(zeros))
+        stmts.append(loop)
+        leaves |= read
+    return stmts, rest, leaves
+
+
+def _runs(items, loads):
+    """``(runs, rest)``: the runs among ``items`` as ``(block items, block shapes)``, and
+    the items outside them, in order."""
     n = len(items)
     if n < MIN_BLOCKS:
-        return zeros, items, set()
+        return [], items
     kind = _kinds(items, loads)
     cover, period = _periodic(kind, n)
-    loops, rest, leaves = zeros, [], set()
+    runs, rest = [], []
     a = 0
     while a < n:
         p = int(period[a])
@@ -229,12 +250,31 @@ def roll(g, items, loads, new_table, temps):
                 rest.extend(items[a:a + skip])
                 a += skip
                 continue
-        loop, read = _loop(g, items[a:a + p], blocks, loads, new_table, temps,
-                           len(loops) - len(zeros))
-        loops.append(loop)
-        leaves |= read
+        runs.append((items[a:a + p], blocks))
         a += p * len(blocks)
-    return loops, rest, leaves
+    return runs, rest
+
+
+def _step(x, y):
+    return [u - v for u, v in zip(x.idx, y.idx)]
+
+
+def _nests(runs):
+    """``runs`` grouped: each group consecutive runs of equal shape, length and step whose
+    first blocks' indices step evenly from one run to the next."""
+    groups = []
+    for run in runs:
+        if groups:
+            last = groups[-1]
+            (_, b0), (_, b1) = last[0], run
+            if b1[0].key == b0[0].key and len(b1) == len(b0) \
+                    and _step(b1[1], b1[0]) == _step(b0[1], b0[0]):
+                d = _step(b1[0], b0[0])
+                if len(last) == 1 or d == [len(last) * x for x in _step(last[1][1][0], b0[0])]:
+                    last.append(run)
+                    continue
+        groups.append([run])
+    return groups
 
 
 def _run(items, p, loads):
@@ -263,27 +303,37 @@ def _run(items, p, loads):
     return blocks
 
 
-def _loop(g, block, shapes, loads, new_table, temps, k):
-    """The `code.Loop` of a run: ``block``'s items with their slots indexed by the counter."""
+def _loop(g, nest, loads, new_table, temps, k):
+    """The `code.Loop` of a run (a loop nest of runs): the first block's items with their
+    slots indexed by the counters, the numbers that differ read from tables (row-major
+    over the nest)."""
+    block, shapes = nest[0]
+    first, n = shapes[0], len(shapes)
     i = index(f"r{k}")
-    first = shapes[0]
-    step = [x - y for x, y in zip(shapes[1].idx, first.idx)]
+    step = _step(shapes[1], first)
+    if len(nest) > 1:
+        o = index(f"q{k}")
+        outer = _step(nest[1][1][0], first)
+        pos = o * n + i
+    else:
+        o, outer, pos = 0, [0] * len(step), i
     n_out = len(block)
     sub = {}
-    for leaf, b, d in zip(first.at, first.idx[n_out:], step[n_out:]):
-        if d:
-            sub[leaf] = g.sym(At(loads[leaf.args[0]].args[0], b + d * i))
+    for leaf, b, d, e in zip(first.at, first.idx[n_out:], step[n_out:], outer[n_out:]):
+        if d or e:
+            sub[leaf] = g.sym(At(loads[leaf.args[0]].args[0], b + d * i + e * o))
     for j, leaf in enumerate(first.nums):
-        values = [s.num[j] for s in shapes]
+        values = [s.num[j] for _, run in nest for s in run]
         if any(v != values[0] for v in values):
-            sub[leaf] = g.sym(At(new_table(tuple(values)), i))
+            sub[leaf] = g.sym(At(new_table(tuple(values)), pos))
     memo = {}
     body = []
-    for (target, nd, add), b, d in zip(block, first.idx, step):
-        body.append((At(target.args[0], b + d * i) if d else target,
+    for (target, nd, add), b, d, e in zip(block, first.idx, step, outer):
+        body.append((At(target.args[0], b + d * i + e * o) if d or e else target,
                      _substitute(g, nd, sub, memo), add))
     stmts, read = g.emit(body, temps)
-    return Loop(i, 0, len(shapes), tuple(Assign(t, v, a) for t, v, a in stmts)), read
+    loop = Loop(i, 0, n, tuple(Assign(t, v, a) for t, v, a in stmts))
+    return (loop if len(nest) == 1 else Loop(o, 0, len(nest), (loop,))), read
 
 
 def _substitute(g, nd, sub, memo):
