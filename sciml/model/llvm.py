@@ -584,8 +584,8 @@ def _size(kernel):
 
 # A graph kernel's loop (repeated groups rolled, `sciml.model.roll`) costs LLVM's optimising
 # pipeline (its loop analyses, vectoriser, unroller) about as much as this many statements:
-# a kernel of many short loops (a 2-D grid's rows) compiles faster by the fast code generator,
-# and runs about as fast, as python -m benchmarks.stiff_scaling's Brusselator measures.
+# a kernel of many short loops (a grid's rows that did not nest) compiles faster by the fast
+# code generator, and runs about as fast (stiff_scaling's 2-D Brusselator, README).
 LOOP_SIZE = 60
 
 

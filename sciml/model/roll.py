@@ -16,7 +16,10 @@ such runs become one `code.Loop` again, as the model's author wrote them:
    and the leaves', step by the same amount from each block to the next;
 3. the run becomes ``for i in range(N)``: block 0's expressions with element
    ``a[j]`` read as ``a[j + i d]``, and each number that differs between blocks
-   read from a constant table of the kernel (`code.Kernel.tables`).
+   read from a constant table of the kernel (`code.Kernel.tables`);
+4. runs are looked for again among the outputs left over, and consecutive runs
+   that repeat each other with every index stepping evenly from one to the next
+   (a 2-D grid's rows) become one loop nest.
 
 A sum of many terms written to one output (a vjp's parameter gradient sums over
 every group) is first split into its terms, each added to the output, so that
