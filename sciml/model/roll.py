@@ -49,9 +49,10 @@ class _Shape:
     __slots__ = ("key", "idx", "num", "at", "nums")
 
 
-def _shape(items, loads, budget):
+def _shape(items, cx, budget):
     """The joint `_Shape` of ``items`` ((target element, node, add)), or None when
     larger than ``budget`` nodes or a target is not an element of an array."""
+    loads, shared = cx
     ids, toks, idx, num, lv_idx, lv_num = {}, [], [], [], [], []
     heads = []
     for target, _, add in items:
@@ -70,7 +71,9 @@ def _shape(items, loads, budget):
         if entered[0] > budget:
             raise _TooLarge
         op = nd.op
-        if op == "sym":
+        if nd in shared:
+            tok = ("shared", nd)
+        elif op == "sym":
             s = nd.args[0]
             ld = loads.get(s)
             if ld is None:
@@ -105,10 +108,11 @@ class _TooLarge(Exception):
     pass
 
 
-def _kinds(items, loads):
+def _kinds(items, cx):
     """Each item's kind: equal for items whose expressions have the same tree (leaves as
     `_shape` abstracts them, shared subexpressions not told apart: `_run` checks the
     joint shapes), distinct negative numbers for items over `BUDGET` nodes."""
+    loads, shared = cx
     sig, size, ids = {}, {}, {}
 
     def walk(nd, depth):
@@ -118,7 +122,9 @@ def _kinds(items, loads):
         if depth > BUDGET:
             raise _TooLarge
         op = nd.op
-        if op == "sym":
+        if nd in shared:
+            key, n = ("shared", nd), 1
+        elif op == "sym":
             ld = loads.get(nd.args[0])
             key, n = (("sym", nd.args[0]) if ld is None else ("at", ld.args[0])), 1
         elif op == "num":
@@ -202,27 +208,48 @@ def roll(g, items, loads, new_table, temps):
     ``temps`` yields the loops' temporaries.
     """
     zeros, rest = _split(g, items)
+    cx = (loads, _shared(rest))
     runs = []
     for _ in range(3):
-        found, rest = _runs(rest, loads)
+        found, rest = _runs(rest, cx)
         runs += found
         if not found:
             break
-    stmts, leaves = list(zeros), set()
-    for nest in _nests(runs):
-        loop, read = _loop(g, nest, loads, new_table, temps, len(stmts) - len(zeros))
-        stmts.append(loop)
+    stmts, leaves, hoisted = list(zeros), set(), {}
+    for k, nest in enumerate(_nests(runs)):
+        new, read = _loop(g, nest, cx, hoisted, new_table, temps, k)
+        stmts += new
         leaves |= read
     return stmts, rest, leaves
 
 
-def _runs(items, loads):
+def _shared(items):
+    """The nodes that more than `MAX_PERIOD` items read (a total over every state, a
+    product of parameters): in shapes they are leaves of their own, the same node in
+    every block, so a loop reads them computed once before it."""
+    count, seen = {}, set()
+    for _, nd, _ in items:
+        stack, mine = [nd], set()
+        while stack:
+            x = stack.pop()
+            if x in mine or x.op in LEAVES:
+                continue
+            mine.add(x)
+            if x in seen:  # first reached by an earlier item: counted, not walked again
+                count[x] = count.get(x, 1) + 1
+                continue
+            seen.add(x)
+            stack.extend(_children(x))
+    return frozenset(x for x, c in count.items() if c > MAX_PERIOD)
+
+
+def _runs(items, cx):
     """``(runs, rest)``: the runs among ``items`` as ``(block items, block shapes)``, and
     the items outside them, in order."""
     n = len(items)
     if n < MIN_BLOCKS:
         return [], items
-    kind = _kinds(items, loads)
+    kind = _kinds(items, cx)
     cover, period = _periodic(kind, n)
     runs, rest = [], []
     a = 0
@@ -232,7 +259,7 @@ def _runs(items, loads):
             rest.append(items[a])
             a += 1
             continue
-        blocks = _run(items[a:a + int(cover[a])], p, loads)
+        blocks = _run(items[a:a + int(cover[a])], p, cx)
         if len(blocks) < MIN_BLOCKS:
             skip = p
             if len(blocks) > 2:
@@ -245,7 +272,7 @@ def _runs(items, loads):
                 for q in range(2 * p, MAX_PERIOD + 1, p):
                     if cover[a] < q * MIN_BLOCKS:
                         break
-                    blocks = _run(items[a:a + int(cover[a]) // q * q], q, loads)
+                    blocks = _run(items[a:a + int(cover[a]) // q * q], q, cx)
                     if len(blocks) >= MIN_BLOCKS:
                         p = q
                         break
@@ -280,16 +307,16 @@ def _nests(runs):
     return groups
 
 
-def _run(items, p, loads):
+def _run(items, p, cx):
     """The joint shapes of the leading blocks of P items that form a run: equal shapes,
     every index stepping by the same amount from block to block."""
-    first = _shape(items[:p], loads, BUDGET * p)
+    first = _shape(items[:p], cx, BUDGET * p)
     if first is None:
         return []
     blocks = [first]
     step = None
     for b in range(p, len(items) - p + 1, p):
-        s = _shape(items[b:b + p], loads, BUDGET * p)
+        s = _shape(items[b:b + p], cx, BUDGET * p)
         if s is None or s.key != first.key:
             break
         d = [x - y for x, y in zip(s.idx, first.idx)]
@@ -306,10 +333,12 @@ def _run(items, p, loads):
     return blocks
 
 
-def _loop(g, nest, loads, new_table, temps, k):
-    """The `code.Loop` of a run (a loop nest of runs): the first block's items with their
-    slots indexed by the counters, the numbers that differ read from tables (row-major
-    over the nest)."""
+def _loop(g, nest, cx, hoisted, new_table, temps, k):
+    """``(statements, leaves read)``: the `code.Loop` of a run (a loop nest of runs), the
+    first block's items with their slots indexed by the counters and the numbers that
+    differ read from tables (row-major over the nest), after the shared nodes it reads
+    that no loop before it computed (``hoisted``: node -> its temporary)."""
+    loads, shared = cx
     block, shapes = nest[0]
     first, n = shapes[0], len(shapes)
     i = index(f"r{k}")
@@ -329,14 +358,40 @@ def _loop(g, nest, loads, new_table, temps, k):
         values = [s.num[j] for _, run in nest for s in run]
         if any(v != values[0] for v in values):
             sub[leaf] = g.sym(At(new_table(tuple(values)), pos))
-    memo = {}
+    pre = []
+
+    def hoist(x):
+        t = hoisted.get(x)
+        if t is None:
+            t = hoisted[x] = next(temps)
+            pre.append((t, x, False))
+        return g.sym(t)
+
+    memo = {x: hoist(x) for x in _reached(block, shared)}
     body = []
     for (target, nd, add), b, d, e in zip(block, first.idx, step, outer):
         body.append((At(target.args[0], b + d * i + e * o) if d or e else target,
                      _substitute(g, nd, sub, memo), add))
-    stmts, read = g.emit(body, temps)
+    head, read = g.emit(pre, temps) if pre else ([], set())
+    stmts, read2 = g.emit(body, temps)
     loop = Loop(i, 0, n, tuple(Assign(t, v, a) for t, v, a in stmts))
-    return (loop if len(nest) == 1 else Loop(o, 0, len(nest), (loop,))), read
+    loop = loop if len(nest) == 1 else Loop(o, 0, len(nest), (loop,))
+    return [Assign(t, v, a) for t, v, a in head] + [loop], read | read2
+
+
+def _reached(items, shared):
+    """The shared nodes ``items`` read (not looking inside them)."""
+    out, stack, seen = set(), [nd for _, nd, _ in items], set()
+    while stack:
+        x = stack.pop()
+        if x in seen or x.op in LEAVES:
+            continue
+        seen.add(x)
+        if x in shared:
+            out.add(x)
+        else:
+            stack.extend(_children(x))
+    return out
 
 
 def _substitute(g, nd, sub, memo):

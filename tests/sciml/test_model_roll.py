@@ -129,10 +129,12 @@ def test_runs_break_where_the_groups_differ(monkeypatch):
     assert len(loops) == 2 and 100 <= covered <= 119
 
 
-def test_a_sum_over_every_state(monkeypatch):
+def test_a_sum_over_every_state_is_computed_once(monkeypatch):
     # each output reads one shared sum of all states (a small model, on the graph path by
-    # lowering its threshold): values agree whatever rolls; with the sum over roll.BUDGET
-    # nodes, no output reading it rolls
+    # lowering its threshold): the sum is read by more than MAX_PERIOD outputs, so it is a
+    # leaf of the shapes and computed once, before the loop that reads it
+    import sympy
+
     from sciml.model import trace
 
     monkeypatch.setattr(trace, "GRAPH_FROM", 0)
@@ -143,12 +145,16 @@ def test_a_sum_over_every_state(monkeypatch):
         return [-p.k * u[i] + 1e-3 * total for i in range(40)]
 
     make = lambda: sciml.Model(f, [f"x{i}" for i in range(40)], ["k"])  # noqa: E731
-    _agree(make, monkeypatch, 4)
+    m, _, _ = _agree(make, monkeypatch, 4)
+    rhs = m._asm.sets["f"].tree("rhs", "values").body
+    (k,) = [j for j, s in enumerate(rhs) if isinstance(s, Loop)]
+    assert rhs[k].stop - rhs[k].start >= 39
+    hoisted = rhs[k - 1]
+    assert isinstance(hoisted.target, sympy.Symbol) and hoisted.value.op == "mul"
+    assert hoisted.target in rhs[k].body[0].value.sympy().free_symbols
+    # the same with a budget below the sum's size (the sum is one leaf of the shapes)
     monkeypatch.setattr(roll, "BUDGET", 30)
-    m, _, _ = _agree(make, monkeypatch, 5)
-    loops = _loops(m)
-    assert loops["rhs"] == [] and loops["vjp"] == []
-    assert loops["spjac"]  # (its entries are numbers: 1e-3 off the diagonal)
+    _agree(make, monkeypatch, 5)
 
 
 def test_python_rendering_of_rolled_kernels(rng, tmp_path):
