@@ -49,14 +49,35 @@ class _Shape:
     __slots__ = ("key", "idx", "num", "at", "nums")
 
 
+def _leaf(nd, cx):
+    """The token of a node that shapes do not look inside, None for the others: a shared
+    node (itself), an input symbol (its loaded array's name, or the symbol where it is
+    not loaded) and a number."""
+    loads, shared = cx
+    if nd in shared:
+        return ("shared", nd)
+    if nd.op == "sym":
+        ld = loads.get(nd.args[0])
+        return ("sym", nd.args[0]) if ld is None else ("at", ld.args[0])
+    if nd.op == "num":
+        return ("num",)
+    return None
+
+
+def _element(target):
+    """Whether an output's target is an array element at a constant index (all a run's
+    targets must be)."""
+    return isinstance(target, At) and target.args[1].is_Integer
+
+
 def _shape(items, cx, budget):
     """The joint `_Shape` of ``items`` ((target element, node, add)), or None when
     larger than ``budget`` nodes or a target is not an element of an array."""
-    loads, shared = cx
+    loads = cx[0]
     ids, toks, idx, num, lv_idx, lv_num = {}, [], [], [], [], []
     heads = []
     for target, _, add in items:
-        if not isinstance(target, At) or not target.args[1].is_Integer:
+        if not _element(target):
             return None
         heads.append((target.args[0], add))
         idx.append(int(target.args[1]))
@@ -71,21 +92,14 @@ def _shape(items, cx, budget):
         if entered[0] > budget:
             raise _TooLarge
         op = nd.op
-        if nd in shared:
-            tok = ("shared", nd)
-        elif op == "sym":
-            s = nd.args[0]
-            ld = loads.get(s)
-            if ld is None:
-                tok = ("sym", s)
-            else:
-                tok = ("at", ld.args[0])
-                idx.append(int(ld.args[1]))
+        tok = _leaf(nd, cx)
+        if tok is not None:
+            if tok[0] == "at":  # a slot: the element's index
+                idx.append(int(loads[nd.args[0]].args[1]))
                 lv_idx.append(nd)
-        elif op == "num":
-            tok = ("num",)
-            num.append(nd.args[0])
-            lv_num.append(nd)
+            elif tok[0] == "num":  # a slot: the number
+                num.append(nd.args[0])
+                lv_num.append(nd)
         elif op == "fn":
             tok = ("fn", nd.args[0], *[walk(c) for c in nd.args[1:]])
         else:
@@ -112,7 +126,6 @@ def _kinds(items, cx):
     """Each item's kind: equal for items whose expressions have the same tree (leaves as
     `_shape` abstracts them, shared subexpressions not told apart: `_run` checks the
     joint shapes), distinct negative numbers for items over `BUDGET` nodes."""
-    loads, shared = cx
     sig, size, ids = {}, {}, {}
 
     def walk(nd, depth):
@@ -122,14 +135,8 @@ def _kinds(items, cx):
         if depth > BUDGET:
             raise _TooLarge
         op = nd.op
-        if nd in shared:
-            key, n = ("shared", nd), 1
-        elif op == "sym":
-            ld = loads.get(nd.args[0])
-            key, n = (("sym", nd.args[0]) if ld is None else ("at", ld.args[0])), 1
-        elif op == "num":
-            key, n = ("num",), 1
-        else:
+        key, n = _leaf(nd, cx), 1
+        if key is None:
             kids = nd.args[1:] if op == "fn" else nd.args
             sub = [walk(c, depth + 1) for c in kids]
             n = 1 + sum([size[c] for c in kids])
@@ -143,7 +150,7 @@ def _kinds(items, cx):
     kind = np.empty(len(items), dtype=np.int64)
     for k, (target, nd, add) in enumerate(items):
         try:
-            if not isinstance(target, At) or not target.args[1].is_Integer:
+            if not _element(target):
                 raise _TooLarge
             kind[k] = ids.setdefault((target.args[0], add, walk(nd, 0)), len(ids))
         except _TooLarge:
@@ -319,7 +326,7 @@ def _run(items, p, cx):
         s = _shape(items[b:b + p], cx, BUDGET * p)
         if s is None or s.key != first.key:
             break
-        d = [x - y for x, y in zip(s.idx, first.idx)]
+        d = _step(s, first)
         if step is None:
             step = d
         elif any(x != len(blocks) * y for x, y in zip(d, step)):
