@@ -31,7 +31,7 @@ from sciml.solvers.kernels.system import Forward
 from .discrete import erk_reverse
 from .systems import ROWS, Adjoint, Gauss, Interp
 
-# The schedule is plain loops: numba's np.unique, np.searchsorted and boolean masks each
+# The schedules are plain loops: numba's np.unique, np.searchsorted and boolean masks each
 # compile a generic implementation (quicksort among them), which a first gradient waits for.
 
 
@@ -223,7 +223,7 @@ def grad_interp_checkpointed(kern, tab, ctl, ctl_b, u0, p, span, data, grad, sta
     steps stored and integrated back (memory: the steps of one interval)."""
     obs_t, Yd, Wd, cols = data
     n = u0.shape[0]
-    breaks = np.unique(np.concatenate((np.array([span[0], span[1]]), obs_t)))
+    breaks = _union(np.array([span[0], span[1]]), obs_t)
     nb = breaks.shape[0]
     m, fsys = _plain_system(kern, p)
     no_i = np.zeros(0, dtype=np.int64)
@@ -235,14 +235,17 @@ def grad_interp_checkpointed(kern, tab, ctl, ctl_b, u0, p, span, data, grad, sta
     status, t = integrate(fsys, tab, ctl, stops, u0.copy(), rec)
     if status != SUCCESS:
         return status, math.inf
-    loss, G = sse_jumps(ub[np.searchsorted(breaks, obs_t)], Yd, Wd, cols, n)
+    at_obs = np.empty((obs_t.shape[0], n))
+    for q in range(obs_t.shape[0]):
+        at_obs[q] = ub[_bisect(breaks, obs_t[q], False)]
+    loss, G = sse_jumps(at_obs, Yd, Wd, cols, n)
     z = np.zeros(n + p.shape[0])
     stats[0] = 0
     for i in range(nb - 2, -1, -1):
         lo, hi = breaks[i], breaks[i + 1]
         # the observations in (lo, hi], and at lo for the first interval
-        qa = np.searchsorted(obs_t, lo, side="right") if i > 0 else 0
-        qb = np.searchsorted(obs_t, hi, side="right")
+        qa = _bisect(obs_t, lo, True) if i > 0 else 0
+        qb = _bisect(obs_t, hi, True)
         stops[0], stops[1] = lo, hi
         obs_i = np.ascontiguousarray(obs_t[qa:qb])
         status, t, rec_i, _ = integrate_stored(fsys, tab, ctl, stops, ub[i], obs_i, 64)
