@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sciml._jit import entry_point
+from sciml._jit import compiled, entry_point
 from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT, SUCCESS
 from sciml.solvers.kernels.family import integrate_stored
@@ -165,5 +165,8 @@ class Entry:
             if not self.called:
                 self.called = True
                 return self.loop(*args)
-            self.fn = entry_point(self.loop, args)
+            fn = entry_point(self.loop, args)
+            if not compiled(fn):  # interpreted while it compiles: ask again next time
+                return fn(*args)
+            self.fn = fn
         return self.fn(*args)

@@ -14,7 +14,13 @@ scientist waits for after editing a model. Rows:
 - ``diffrax``: the same model in JAX/diffrax, timed from defining the
   vector field to the first jitted solve and ``value_and_grad`` returning
   (RecursiveCheckpointAdjoint, Tsit5), imports excluded;
-- ``cold``: the ``new model`` row with empty caches (the engine compiles);
+- ``cold``: the ``new model`` row with empty caches: the engine's loops run interpreted
+  while a background process compiles them (`sciml._tier`), and, ``compiled in
+  process``, with that switched off (``SCIML_INTERPRET=0``: numba compiles each loop
+  before its first call);
+- ``PEtab Boehm, cold``: ``sciml.petab.load`` of Boehm_JProteomeRes2014 (the
+  Benchmark-Models collection's, in tests/data) to its first ``llh`` and
+  ``llh_and_grad`` returning, empty caches, imports excluded;
 - ``nets``: ``nets.loss_and_grad`` of the 4-32-16-4 matrix-exponential chain,
   warm and cold, imports included (its kernels are generic over chains);
 - ``LeNet5``: ``nets.train``'s first float32 epoch of LeNet5 (two minibatches of 64
@@ -25,9 +31,16 @@ The model: the Lotka-Volterra UDE with a 2-16-16-2 tanh network, 31
 observations of both states on (0, 3), sum of squares. Each warm row is the
 median of three runs.
 
-Run as ``python -m benchmarks.compile_latency [--json PATH] [--quick]``.
+Every process but the cold ones runs with ``SCIML_INTERPRET=0`` (see
+``benchmarks/__init__.py``), so that a warmed cache holds every loop.
+
+Run as ``python -m benchmarks.compile_latency [--json PATH] [--quick]``. With
+``--collection PATH`` (the Benchmark-Models-PEtab clone's ``Benchmark-Models`` folder) it
+times instead every model of the collection that loads, each in a new process with empty
+caches: load, first llh, first llh + gradient (``results/compile_latency_collection.json``).
 """
 
+import glob
 import json
 import os
 import statistics
@@ -128,12 +141,32 @@ nets.train(lenet, p, X, y, loss=nets.LogitCrossEntropyLoss(), optimizer=nets.Ada
 marks = {}
 """
 
+_PETAB = """
+import time, warnings
+import sciml.petab
+warnings.simplefilter("ignore")
+t0 = time.perf_counter()
+pp = sciml.petab.load({yaml!r})
+t1 = time.perf_counter()
+pp.llh(pp.nominal)
+t2 = time.perf_counter()
+pp.llh_and_grad(pp.nominal)
+t3 = time.perf_counter()
+marks = {{"load": t1 - t0, "llh": t2 - t1, "grad": t3 - t2, "first_gradient": t3 - t0}}
+"""
+
+BOEHM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                     "data", "benchmark_models", "Boehm_JProteomeRes2014",
+                     "Boehm_JProteomeRes2014.yaml")
+
 _REPORT = "\nimport json\nprint('MARKS ' + json.dumps(marks))\n"
 
 
-def _run(code, cache):
-    """(wall time of the process, its internal marks)."""
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONHASHSEED="0")
+def _run(code, cache, interpret=False):
+    """(wall time of the process, its internal marks); ``interpret``: the engine's first
+    calls interpreted while it compiles (`sciml._tier`), else compiled before them."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONHASHSEED="0",
+               SCIML_INTERPRET="1" if interpret else "0")
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code + _REPORT], env=env, check=True,
                          capture_output=True, text=True).stdout
@@ -153,8 +186,41 @@ class _Salt:
         return 1e-12 * self.k
 
 
+def collection(folder, path):
+    """Every model of the collection that loads, cold, each in its own process."""
+    rows = []
+    from benchmarks.petab_collection import problem_yaml
+
+    for model in sorted(glob.glob(os.path.join(folder, "*", ""))):
+        name, yaml = os.path.basename(model.rstrip(os.sep)), problem_yaml(model)
+        if yaml is None:
+            continue
+        with tempfile.TemporaryDirectory() as cache:
+            try:
+                wall, marks = _run(_PETAB.format(yaml=yaml), cache, interpret=True)
+            except subprocess.CalledProcessError as e:
+                print(f"{name:40s} not loaded: {e.stderr.strip().splitlines()[-1][:80]}")
+                continue
+        rows.append({"model": name, "wall_s": wall, **marks})
+        print(f"{name:40s} load {marks['load']:6.2f}  llh {marks['llh']:6.2f}  "
+              f"gradient {marks['grad']:6.2f}  first llh + gradient "
+              f"{marks['first_gradient']:6.2f} s (process {wall:.1f} s)", flush=True)
+    firsts = sorted(r["first_gradient"] for r in rows)
+    print(f"{len(rows)} models: median {statistics.median(firsts):.2f} s, "
+          f"{sum(f < 5.0 for f in firsts)} under 5 s")
+    with open(path, "w") as fh:
+        json.dump({"bench": "compile_latency_collection", "machine": H.machine_info(1),
+                   "rows": rows}, fh, indent=2)
+
+
 def main(argv=None):
-    args = H.make_parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = H.make_parser(__doc__.splitlines()[0])
+    parser.add_argument("--collection", help="the Benchmark-Models folder: time its models cold")
+    args = parser.parse_args(argv)
+    if args.collection:
+        return collection(args.collection, args.json or os.path.join(
+            os.path.dirname(os.path.abspath(__file__)), "results",
+            "compile_latency_collection.json"))
     salt = _Salt()
     rows = []
     repeats = 1 if args.quick else 3
@@ -164,7 +230,11 @@ def main(argv=None):
         new = [_run(_SETUP.format(salt=salt()), cache)[1]["first_gradient"]
                for _ in range(repeats)]
         every = [_run(_SETUP.format(salt=salt()) + _EVERY, cache)[1] for _ in range(repeats)]
-        cold_wall, cold = _run(_SETUP.format(salt=salt()), cold_cache)
+        cold_wall, cold = _run(_SETUP.format(salt=salt()), cold_cache, interpret=True)
+        with tempfile.TemporaryDirectory() as compiled_cache:
+            compiled_wall, compiled = _run(_SETUP.format(salt=salt()), compiled_cache)
+        with tempfile.TemporaryDirectory() as boehm_cache:
+            boehm_wall, boehm = _run(_PETAB.format(yaml=BOEHM), boehm_cache, interpret=True)
         try:
             import diffrax  # noqa: F401
 
@@ -186,6 +256,11 @@ def main(argv=None):
         ("  of which the first gradient", med(e["first_gradient"] for e in every), ""),
         ("cold: empty caches, first gradient", cold["first_gradient"],
          f"process wall time {cold_wall:.1f} s"),
+        ("  compiled in process (SCIML_INTERPRET=0)", compiled["first_gradient"],
+         f"process wall time {compiled_wall:.1f} s"),
+        ("PEtab Boehm, cold: load to first llh + gradient", boehm["first_gradient"],
+         f"load {boehm['load']:.2f}, llh {boehm['llh']:.2f}, gradient {boehm['grad']:.2f} s; "
+         f"process wall time {boehm_wall:.1f} s"),
     ]
     if dfx is not None:
         table.append(("diffrax: jit solve + value_and_grad", med(dfx), "imports excluded"))

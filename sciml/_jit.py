@@ -28,9 +28,11 @@ from numba.extending import intrinsic
 from nets import _cache as _nets_cache
 from nets._config import OPTIONS, Threads, pjit  # one place for numba options
 from nets._config import jit as _jit
+from sciml import _tier
+from sciml._interpret import stand_in
 
 __all__ = ["jit", "pjit", "Threads", "OPTIONS", "borrow", "keep_alive", "entry_point",
-           "ENGINE_FOLDERS"]
+           "compiled", "ENGINE_FOLDERS"]
 
 
 _INLINED = set()  # the Python functions of the engine's inlined helpers
@@ -44,15 +46,33 @@ def _flat(expr, caller, callee):
     return caller.func_id.func not in _INLINED
 
 
+def _tiered(disp):
+    """``disp``, whose calls from Python that would compile go through `sciml._tier` (run
+    interpreted while a background process compiles); an engine function's dispatcher."""
+    if not hasattr(disp, "py_func") or not disp.py_func.__module__.startswith(
+            ("sciml.solvers.kernels", "adjoints.kernels")):
+        return disp
+    compile_for_args = disp._compile_for_args
+
+    def tiered(*args, **kws):
+        if kws or not _tier.ENABLED:
+            return compile_for_args(*args, **kws)
+        return _tier.entry(disp, args)
+
+    disp._compile_for_args = tiered  # what numba's dispatcher calls when it has no match
+    return disp
+
+
 def jit(*args, **kwargs):
-    """`nets._config.jit`; ``inline="always"`` inlines flat (`_flat`)."""
-    if kwargs.get("inline") != "always":
-        return _jit(*args, **kwargs)
-    kwargs["inline"] = _flat
+    """`nets._config.jit`; ``inline="always"`` inlines flat (`_flat`); an engine function's
+    first calls from Python are tiered (`_tiered`)."""
+    if kwargs.get("inline") == "always":
+        kwargs["inline"] = _flat
 
     def decorate(fn):
-        _INLINED.add(fn)
-        return _jit(**kwargs)(fn)
+        if kwargs.get("inline") is _flat:
+            _INLINED.add(fn)
+        return _tiered(_jit(**kwargs)(fn))
 
     return decorate(args[0]) if args and callable(args[0]) else decorate
 
@@ -80,14 +100,19 @@ _nets_cache.install_group("SciMLEngine", ENGINE_FOLDERS, engine_fingerprint)
 
 
 def entry_point(loop, args):
-    """The compiled function that the numba dispatcher ``loop`` runs for ``args``: compiled,
-    or loaded from the disk cache, now if it is not yet (``loop`` itself where there is no
-    dispatcher: NUMBA_DISABLE_JIT). Calling it skips the dispatcher, which works out the
+    """The compiled function that the numba dispatcher ``loop`` runs for ``args``: loaded
+    from the disk cache, or compiled now if it is not there (``loop`` itself where there is
+    no dispatcher: NUMBA_DISABLE_JIT); while an engine loop is not compiled yet, its
+    interpreted stand-in (`sciml._tier.Tier`), which a caller asks for again rather than
+    keep (`sciml._tier.compiled`). Calling it skips the dispatcher, which works out the
     types of every nested structure of the arguments at each call: for an engine loop's
     arguments, more than a small model's whole solve."""
     if not hasattr(loop, "overloads"):
         return loop
-    return loop.compile(tuple(loop.typeof_pyval(a) for a in args))
+    return _tier.entry(loop, args)
+
+
+compiled = _tier.compiled
 
 
 def _borrowed(context, builder, ty, val):
@@ -122,3 +147,7 @@ def keep_alive(typingctx, x):
         return context.get_dummy_value()
 
     return types.none(x), codegen
+
+
+stand_in(borrow)(lambda x: x)
+stand_in(keep_alive)(lambda x: None)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ._jit import Threads, entry_point
+from ._jit import Threads, compiled, entry_point
 from ._validate import (
     check_atol,
     check_dt,
@@ -98,9 +98,10 @@ def solve(prob, solver=None, *, rtol=1e-6, atol=1e-6, saveat=None, dt=None,
             # dispatch on the types is skipped.
             call = entries.get(type(atol))
             if call is None:
-                entries[type(atol)] = call = entry_point(loop, (
-                    kern, tab, settings, prob._u0, prob.params, saveat, out_u, keep, atol, t0,
-                    tf, rtol, 0.0, 1))
+                call = entry_point(loop, (kern, tab, settings, prob._u0, prob.params, saveat,
+                                          out_u, keep, atol, t0, tf, rtol, 0.0, 1))
+                if compiled(call):  # (not while interpreted: see entry_point)
+                    entries[type(atol)] = call
             status = call(kern, tab, settings, prob._u0, prob.params, saveat, out_u, keep, atol,
                           t0, tf, rtol, 0.0 if dt is None else dt, max_steps)
             if left[0]:  # counting down to the fused entry point (`ExplicitRK._fuse`)

@@ -15,6 +15,10 @@ import pytest
 # compile (tens of seconds) pays off in a long fit, not in a test, and on two cores it
 # takes its time from the other worker. The tests of fusing set `erk.FUSE_AFTER` themselves.
 os.environ.setdefault("SCIML_FUSE_AFTER", "0")
+# Every first call of an engine loop compiles, with no interpreted calls meanwhile and no
+# background process (`sciml._tier`): the tests check the compiled engine, and the two
+# workers keep the two cores. The tier's own tests switch it on.
+os.environ.setdefault("SCIML_INTERPRET", "0")
 
 try:
     from hypothesis import HealthCheck, settings
@@ -40,6 +44,7 @@ if settings is not None:
 COMPILE_GROUPS = {
     "tests/adjoints/test_matrix.py": "adjoint_loops",
     "tests/sciml/test_adjoints.py": "adjoint_loops",
+    "tests/sciml/test_tier.py": "adjoint_loops",
     "tests/sciml/test_bdf.py": "stiff_loops",
     "tests/sciml/test_sparse.py": "stiff_loops",
     "tests/sciml/test_mass.py": "stiff_loops",

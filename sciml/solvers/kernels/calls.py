@@ -18,10 +18,13 @@ kernel was not compiled; the Python side fills the slots a call needs
 (`sciml.model.Model.table`) before calling a loop.
 """
 
+import ctypes
+
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
+from sciml._interpret import interrupt, stand_in
 from sciml._jit import OPTIONS, jit
 
 from .linked import Linked, call_linked
@@ -69,6 +72,22 @@ def _caller(n_before, n_after):
     return typer
 
 
+def _stand_in(n_before, n_after):
+    """The interpreter's call of a kernel: through ctypes, from the arrays' addresses."""
+    fnty = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_before, ctypes.c_double,
+                            *[ctypes.c_void_p] * n_after)
+    kernels = {}
+
+    def call(addr, *args):
+        interrupt()
+        fn = kernels.get(addr)
+        if fn is None:
+            fn = kernels[addr] = fnty(int(addr))
+        return fn(*[a if i == n_before else a.ctypes.data for i, a in enumerate(args)])
+
+    return call
+
+
 @intrinsic
 def call_out(typingctx, addr, y, u, p, t, ws):
     """``kernel(y, u, p, t, ws)`` at address ``addr`` (see the module text)."""
@@ -85,6 +104,10 @@ def call_vjp(typingctx, addr, ubar, pbar, v, u, p, t, ws):
 def call_hvp(typingctx, addr, ubar, pbar, lam, v, u, p, t, ws):
     """``kernel(ubar, pbar, lam, v, u, p, t, ws)`` at address ``addr``."""
     return _caller(6, 1)(typingctx, addr, ubar, pbar, lam, v, u, p, t, ws)
+
+
+for _call, (_before, _after) in ((call_out, (3, 1)), (call_vjp, (5, 1)), (call_hvp, (6, 1))):
+    stand_in(_call)(_stand_in(_before, _after))
 
 
 # ------------------------------------------------------------- named calls

@@ -24,6 +24,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic, overload
 
+from sciml._interpret import python, stand_in
 from sciml._jit import OPTIONS, jit
 
 from . import bdf, erk, ros
@@ -83,6 +84,11 @@ def integrate(typingctx, sys, tab, ctl, stops, z, rec):
         return context.get_function(fnty, sig)(builder, args)
 
     return sig, codegen
+
+
+@stand_in(integrate)
+def _integrate(sys, tab, ctl, stops, z, rec):
+    return python(FAMILIES[type(tab)].integrate)(sys, tab, ctl, stops, z, rec)
 
 
 @jit(inline="always")

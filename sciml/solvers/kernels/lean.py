@@ -68,6 +68,8 @@ def solve_entry(folded=None, code=None):
     key = (folded, code)
     if key not in _ENTRIES:
         _ENTRIES[key] = _make(folded, code)
+        if key == (None, None):  # how another process makes it (`sciml._tier`)
+            _ENTRIES[key].made_by = (__name__, "solve_entry")
     return _ENTRIES[key]
 
 

@@ -1,0 +1,236 @@
+"""The engine run by the Python interpreter, for the calls made while it compiles.
+
+The engine's loops are numba code: ordinary Python in numba's dialect, which the
+interpreter can run as it is, only slowly. Three kinds of name in it mean something
+only to numba, and `python` gives each its plain-Python meaning:
+
+- a compiled function (a dispatcher): its own Python function, with every global name
+  it reads given this same treatment (`python` copies the function with new globals;
+  the engine's source is not touched);
+- an overloaded stub (``sys_f``, ``lin_solve``, ...): numba picks its implementation by
+  the types of the arguments; here the same choice is made from `numba.typeof` of the
+  values (found through numba's typing registry, so the overloads are declared once);
+- an intrinsic: the stand-in given by `stand_in` beside its definition (a kernel call
+  through its address becomes a ctypes call; ``borrow`` is the identity).
+
+``math`` reads as numpy's functions, so that ``log(0)`` is ``-inf`` as in numba rather
+than an exception. Everything else (numpy, constants, named tuples) is used as it is.
+What numba and the interpreter do differently (fastmath's reassociation, contraction
+into FMAs) changes results in the last bits only.
+"""
+
+import builtins
+import math
+import threading
+import time
+import types as pytypes
+
+import numba
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+from numba.core.extending import _Intrinsic
+from numba.core.typing import templates
+
+__all__ = ["python", "stand_in", "NotInterpretable", "TooSlow", "interrupt", "deadline"]
+
+
+class NotInterpretable(Exception):
+    """Raised by a stand-in for what the interpreter cannot run (the caller compiles)."""
+
+
+class TooSlow(Exception):
+    """Raised by `interrupt` past the `deadline` (the caller compiles instead)."""
+
+
+_DEADLINE = threading.local()  # per thread: when `interrupt` raises
+
+
+def interrupt():
+    """Raise `TooSlow` past the deadline, or once its event is set; called by the kernel
+    calls' stand-ins, which every loop makes often."""
+    d = _DEADLINE
+    if time.perf_counter() > getattr(d, "at", math.inf) or (
+            getattr(d, "until", None) is not None and d.until.is_set()):
+        raise TooSlow
+
+
+class deadline:
+    """Context manager: interpreted calls inside it stop (`TooSlow`) after ``seconds``,
+    or once the `threading.Event` ``until`` is set (the compiled loop is ready)."""
+
+    def __init__(self, seconds, until=None):
+        self.seconds, self.until = seconds, until
+
+    def __enter__(self):
+        self.saved = getattr(_DEADLINE, "at", math.inf), getattr(_DEADLINE, "until", None)
+        _DEADLINE.at = min(self.saved[0], time.perf_counter() + self.seconds)
+        _DEADLINE.until = self.until
+
+    def __exit__(self, *exc):
+        _DEADLINE.at, _DEADLINE.until = self.saved
+
+
+_STAND_INS = {}  # intrinsic -> its Python stand-in
+_PY = {}  # id(engine object) -> (object, its interpreted version)
+_ENGINE = ("sciml.solvers.kernels", "adjoints.kernels", "sciml._jit")
+
+
+def stand_in(intrinsic):
+    """Decorator: the plain-Python function that ``intrinsic`` means to the interpreter."""
+
+    def register(fn):
+        _STAND_INS[intrinsic] = fn
+        return fn
+
+    return register
+
+
+class _Math:
+    """``math`` as numba computes it: numpy's functions, non-finite results instead of
+    exceptions (``log(0)``, ``sqrt(-1)``)."""
+
+    def __getattr__(self, name):
+        value = getattr(np, name, None) if name in ("sqrt", "log", "exp", "log1p", "expm1",
+                                                    "pow", "tanh", "atan2", "hypot") else None
+        return value if value is not None else getattr(math, name)
+
+
+_MATH = _Math()
+
+
+class _Module:
+    """An engine module whose names read as their interpreted versions."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        value = python(getattr(self._module, name))
+        setattr(self, name, value)
+        return value
+
+
+_TYPED = {}  # id(struct) -> (struct, the number of its numba type): the systems and
+# tableaus a loop passes to every hook call are the same objects call after call
+_NUMBERS = {}  # numba type -> a small number (a nested type's hash is recomputed each time)
+
+
+def _key(a):
+    """What an overload's choice depends on, cheaper than `numba.typeof`: a struct's type
+    (by identity), an array's dimensions and dtype (the engine's overloads choose by their
+    structs; none by an array's layout), a number's class."""
+    if type(a) is np.ndarray:
+        return a.ndim, a.dtype
+    if isinstance(a, tuple):
+        hit = _TYPED.get(id(a))
+        if hit is None or hit[0] is not a:
+            if len(_TYPED) > 4096:
+                _TYPED.clear()
+            ty = numba.typeof(a)
+            hit = _TYPED[id(a)] = (a, _NUMBERS.setdefault(ty, len(_NUMBERS)))
+        return hit[1]
+    return type(a)
+
+
+class _Chosen:
+    """An overloaded stub: the implementation that numba's overload chooses for the types
+    of the arguments, interpreted."""
+
+    def __init__(self, choose):
+        self.choose = choose
+        self.impls = {}
+
+    def __call__(self, *args):
+        key = tuple(map(_key, args))
+        impl = self.impls.get(key)
+        if impl is None:
+            chosen = self.choose(*(numba.typeof(a) for a in args))
+            if chosen is None:
+                raise NotInterpretable(f"no implementation of {self.choose.__name__} for {key}")
+            impl = self.impls[key] = python(chosen)
+        return impl(*args)
+
+
+_OVERLOADS = {}
+
+
+def _overload_of(fn):
+    """The overload function numba registered for the stub ``fn``, or None."""
+    reg = templates.builtin_registry.globals
+    if len(_OVERLOADS) != len(reg):  # new registrations since the last look
+        _OVERLOADS.clear()
+        for f, ty in reg:
+            tpl = getattr(ty, "templates", ())
+            found = [t._overload_func for t in tpl if hasattr(t, "_overload_func")]
+            _OVERLOADS[id(f)] = (f, found[0] if found else None)
+        _OVERLOADS["size"] = (None, len(reg))
+    return _OVERLOADS.get(id(fn), (None, None))[1]
+
+
+def _refuse(name):
+    def refuse(*args):
+        raise NotInterpretable(f"the intrinsic {name} has no stand-in")
+
+    return refuse
+
+
+def _is_engine(module_name):
+    return isinstance(module_name, str) and module_name.startswith(_ENGINE)
+
+
+def _names(code):
+    """Every global name ``code`` and the code nested in it may read."""
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, pytypes.CodeType):
+            out |= _names(c)
+    return out
+
+
+def _rebind(fn):
+    """``fn`` with its global names (and closure) read as their interpreted versions."""
+    cells = None
+    if fn.__closure__:
+        cells = tuple(pytypes.CellType() for _ in fn.__closure__)
+    g = {"__builtins__": builtins, "__name__": fn.__globals__.get("__name__")}
+    new = pytypes.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, cells)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    _PY[id(fn)] = (fn, new)  # before the names: the engine's functions call each other
+    src = fn.__globals__
+    for name in _names(fn.__code__):
+        if name in src:
+            g[name] = python(src[name])
+    if cells:
+        for cell, old in zip(cells, fn.__closure__):
+            cell.cell_contents = python(old.cell_contents)
+    return new
+
+
+def python(obj):
+    """``obj`` as the interpreter runs it (see the module text); ``obj`` itself where it
+    means the same to both."""
+    hit = _PY.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    if isinstance(obj, _Intrinsic):
+        out = _STAND_INS.get(obj) or _refuse(obj._name)
+    elif isinstance(obj, Dispatcher):
+        out = python(obj.py_func)
+    elif isinstance(obj, pytypes.FunctionType):
+        choose = _overload_of(obj)
+        if choose is not None:
+            out = _Chosen(choose)
+        elif _is_engine(obj.__globals__.get("__name__")):
+            return _rebind(obj)
+        else:
+            return obj
+    elif isinstance(obj, pytypes.ModuleType):
+        if obj is math:
+            return _MATH
+        if not _is_engine(obj.__name__):
+            return obj
+        out = _Module(obj)
+    else:
+        return obj
+    _PY[id(obj)] = (obj, out)
+    return out

@@ -1,0 +1,266 @@
+"""The engine's first calls on a machine: interpreted while a second process compiles.
+
+The engine's loops are compiled once per machine and cached on disk; compiling one
+takes numba 1 to 12 s, and a first gradient needs four or five of them. A call for
+which no compiled loop is in memory or on disk is therefore run by the interpreter
+(`sciml._interpret`: the same source, slower but with no wait) while a background
+process (`python -m sciml._tier`, one per process, started at the first such call)
+compiles the loop into the disk cache. Once it has, the next call loads it from there
+and every later call runs compiled.
+
+An interpreted call stops when the compiled loop is ready, when the loop's interpreted
+calls have taken `LIMIT` seconds together (on one core they take the compile's time), or
+when it meets what the interpreter cannot run: its arguments are put back as they came,
+and it runs compiled, waiting for the compile if it must (or compiling here when no
+background process could). The background process compiles meanwhile, so on two cores
+a call that stops has lost nothing but its copies of the arguments.
+The background process stops when this one ends: what it finished stays cached.
+
+``SCIML_INTERPRET=0`` in the environment (or `ENABLED` False) switches this off:
+every first call compiles, as numba does. ``SCIML_INTERPRET=always`` runs every call
+from Python interpreted and compiles nothing: the engine as plain Python, for a debugger
+or to check the interpreter against the compiled engine.
+"""
+
+import base64
+import importlib
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from numba.core.compiler_lock import global_compiler_lock
+
+from ._interpret import NotInterpretable, TooSlow, deadline, python
+
+__all__ = ["ENABLED", "LIMIT", "entry", "compiled", "loaded"]
+
+ENABLED = os.environ.get("SCIML_INTERPRET", "1") != "0"
+ALWAYS = os.environ.get("SCIML_INTERPRET") == "always"
+LIMIT = 10.0  # seconds a loop's interpreted calls may take before it waits for its compile
+
+
+def loaded(disp, sig):
+    """The compiled entry of ``disp`` for the argument types ``sig``, from memory or the
+    disk cache; None if it would have to be compiled (numba's own first steps of
+    `Dispatcher.compile`, without the last)."""
+    hit = disp.overloads.get(sig)
+    if hit is not None:
+        return hit.entry_point
+    with global_compiler_lock:
+        cres = disp._cache.load_overload(sig, disp.targetctx)
+        if cres is None:
+            return None
+        disp._cache_hits[sig] += 1
+        disp.targetctx.insert_user_function(cres.entry_point, cres.fndesc, [cres.library])
+        disp.add_overload(cres)
+        return cres.entry_point
+
+
+def _arrays(x, out):
+    if isinstance(x, np.ndarray):
+        out[id(x)] = x
+    elif isinstance(x, tuple):
+        for item in x:
+            _arrays(item, out)
+    return out
+
+
+class Tier:
+    """A loop for one tuple of argument types while it is not compiled: interpreted calls,
+    then (background compile done, or an interpreted call stopped) the compiled loop."""
+
+    def __init__(self, disp, sig):
+        self.disp, self.sig = disp, sig
+        self.fn = None
+        self.job = _COMPILER.request(disp, sig)
+        self.interpret = self.job is not None
+        self.left = LIMIT  # seconds of interpreted calls left
+
+    def __call__(self, *args):
+        if self.fn is None and self.interpret and not self.job.done.is_set():
+            kept = [(a, a.copy()) for a in _arrays(args, {}).values()]
+            t0 = time.perf_counter()
+            try:
+                with np.errstate(all="ignore"), deadline(self.left, self.job.done):
+                    return python(self.disp)(*args)
+            except (TooSlow, NotInterpretable, ArithmeticError, LookupError, ValueError,
+                    TypeError):
+                # the compiled loop takes over from the arguments as they came
+                self.interpret = False
+                for a, copy in kept:
+                    a[...] = copy
+            finally:
+                self.left -= time.perf_counter() - t0
+        if self.fn is None:
+            self.fn = self._compiled()
+        return self.fn(*args)
+
+    def _compiled(self):
+        if self.job is not None:
+            self.job.done.wait()
+            fn = loaded(self.disp, self.sig)
+            if fn is not None:
+                return fn
+        return self.disp.compile(self.sig)
+
+
+_TIERS = {}  # (id of dispatcher, argument types) -> its Tier
+
+
+def entry(disp, args):
+    """The compiled entry of ``disp`` for ``args``' types if it is in memory or on disk (or
+    the tiers are off: then compiled now), else its `Tier`."""
+    if ALWAYS:
+        return _interpreted(disp)
+    sig = tuple(disp.typeof_pyval(a) for a in args)
+    fn = loaded(disp, sig) if ENABLED else None
+    if fn is not None or not ENABLED:
+        return fn if fn is not None else disp.compile(sig)
+    key = (id(disp), sig)
+    tier = _TIERS.get(key)
+    if tier is None or tier.disp is not disp:
+        tier = _TIERS[key] = Tier(disp, sig)
+    if tier.fn is not None:
+        return tier.fn
+    return tier
+
+
+def _interpreted(disp):
+    def run(*args):
+        with np.errstate(all="ignore"):
+            return python(disp)(*args)
+
+    return run
+
+
+def compiled(fn):
+    """Whether ``fn`` (from `entry`) is compiled, to be kept by a caller that calls it
+    again and again."""
+    return not isinstance(fn, Tier) and not ALWAYS
+
+
+# ------------------------------------------------------------------- the second process
+
+
+def _name_of(disp):
+    """``(module, attribute)`` naming ``disp`` among the engine's modules (or a function
+    there that makes it: its ``made_by``), or None."""
+    made_by = getattr(disp, "made_by", None)
+    if made_by is not None:
+        return made_by
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not mod_name.startswith(("sciml.solvers.kernels", "adjoints.kernels")):
+            continue
+        for attr, value in vars(mod).items():
+            if value is disp:
+                return mod_name, attr
+    return None
+
+
+def _dispatcher(module, attr):
+    """The dispatcher that `_name_of` named."""
+    found = getattr(importlib.import_module(module), attr)
+    return found if hasattr(found, "overloads") else found()
+
+
+class _Job:
+    def __init__(self):
+        self.done = threading.Event()
+        self.ok = False
+
+
+class _Compiler:
+    """The background process: requests go to its input, one line each; it answers
+    ``<id> ok`` (or ``<id> failed``) once the loop is in the disk cache."""
+
+    def __init__(self):
+        self.proc = None
+        self.jobs = {}
+        self.names = {}
+        self.lock = threading.Lock()
+
+    def request(self, disp, sig):
+        """A `_Job` that ends when ``disp`` is compiled for ``sig`` (None: cannot be)."""
+        name = self.names.get(id(disp))
+        if name is None:
+            name = self.names[id(disp)] = _name_of(disp) or ()
+        if not name:
+            return None
+        with self.lock:
+            key = (id(disp), sig)
+            job = self.jobs.get(key)
+            if job is not None:
+                return job
+            if not self._start():
+                return None
+            job = self.jobs[key] = _Job()
+            line = base64.b64encode(pickle.dumps((key, *name, sig))) + b"\n"
+            try:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+            except OSError:
+                job.done.set()
+            return job
+
+    def _start(self):
+        if self.proc is not None:
+            return self.proc.poll() is None
+        root = str(Path(__file__).resolve().parents[1])
+        env = dict(os.environ, SCIML_INTERPRET="0",
+                   PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "sciml._tier"], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.DEVNULL)
+        except OSError:
+            return False
+        threading.Thread(target=self._answers, daemon=True, name="sciml-compile").start()
+        return True
+
+    def _answers(self):
+        for line in self.proc.stdout:
+            key, status = pickle.loads(base64.b64decode(line))
+            with self.lock:
+                job = self.jobs.get(key)
+            if job is not None:
+                job.ok = status == "ok"
+                job.done.set()
+        with self.lock:  # the process ended: nothing more will come
+            for job in self.jobs.values():
+                job.done.set()
+
+
+_COMPILER = _Compiler()
+
+
+def _serve():
+    """The background process: compile what is asked, in order, until the input ends."""
+    import queue
+
+    asked = queue.Queue()
+
+    def read():
+        for line in sys.stdin.buffer:
+            asked.put(line)
+        os._exit(0)  # the process that asked has ended
+
+    threading.Thread(target=read, daemon=True).start()
+    out = sys.stdout.buffer
+    while True:
+        key, module, attr, sig = pickle.loads(base64.b64decode(asked.get()))
+        try:
+            _dispatcher(module, attr).compile(sig)
+            status = "ok"
+        except Exception:  # the asking process compiles it itself, and reports the error
+            status = "failed"
+        out.write(base64.b64encode(pickle.dumps((key, status))) + b"\n")
+        out.flush()
+
+
+if __name__ == "__main__":
+    _serve()

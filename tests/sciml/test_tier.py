@@ -1,0 +1,232 @@
+"""The engine's first calls while it compiles (`sciml._tier`, `sciml._interpret`).
+
+- The interpreted engine against the compiled one: solves and gradients through every
+  method family and sensitivity method, events, doses, a steady state and a model of the
+  Benchmark-Models collection, in a process that compiles no engine function
+  (``SCIML_INTERPRET=always``), against this process's compiled engine.
+- A tier's hand-over: interpreted calls until the background compile is done, then the
+  compiled loop; an interpreted call that runs out of time puts its arguments back and
+  the compiled loop starts over from them.
+- The background process, end to end, into an empty disk cache.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import adjoints
+import sciml
+
+from . import model_zoo as mz
+from .test_petab_v1 import BOEHM
+from .test_state_events import BALL, TH, _bounce
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _spiral():
+    case = mz.case_spiral(np.random.default_rng(3))
+    t = np.linspace(0.0, 1.5, 12)
+    prob = sciml.ODEProblem(case.model, [2.0, 0.0], (0.0, 1.5), case.theta)
+    y = 0.9 * np.cos(t)[:, None] * np.array([1.0, 0.5]) + 0.05
+    return prob, sciml.Data(t, y)
+
+
+def _pk():
+    case = mz.case_pk(np.random.default_rng(5))
+    doses = [sciml.Bolus(0.0, 200.0, "depot", every=6.0, count=3),
+             sciml.Infusion(start=3.0, duration=2.0, rate=40.0, state="central")]
+    prob = sciml.ODEProblem(case.model, [0.0, 0.0, 0.0], (0.0, 16.0), case.theta, doses=doses)
+    t = np.array([0.5, 1, 2, 3, 4, 5, 6, 7, 9, 12, 15, 16.0])
+    return prob, sciml.Data(t, 2.0 + np.sin(t), observables=["conc"])
+
+
+def _ball():
+    prob = sciml.ODEProblem(BALL, [1.0, 0.0], (0.0, 2.0), TH, events=[_bounce()])
+    t = np.array([0.2, 0.7, 1.0, 1.4, 1.9])
+    return prob, sciml.Data(t, np.column_stack([0.5 + 0 * t, -t]))
+
+
+def _steady():
+    def production(u, p, t, nets):
+        x, y = u
+        return [p.s - p.k1 * x + p.k2 * y - p.d * x, p.k1 * x - p.k2 * y]
+
+    m = sciml.Model(production, states=["x", "y"], params=["s", "k1", "k2", "d"])
+    th = np.array([2.0, 0.7, 0.3, 0.5])
+    prob = sciml.ODEProblem(m, sciml.SteadyState(params=th * 1.5), (0.0, 3.0), th)
+    t = np.linspace(0.5, 3.0, 6)
+    return prob, sciml.Data(t, np.ones((6, 2)))
+
+
+M = adjoints
+# Each a loop variant other tests compile too (test_adjoints, test_state_events, test_steady,
+# test_bdf, test_petab_v1): no compile of this test's own.
+CASES = {  # name: (problem, solver, sensitivity methods)
+    "spiral": (_spiral, sciml.Tsit5, [M.DiscreteAdjoint, M.InterpolatingAdjoint,
+                                      M.BacksolveAdjoint, M.GaussAdjoint, M.QuadratureAdjoint,
+                                      M.ForwardSensitivity]),
+    "spiral_rodas": (_spiral, sciml.Rodas5, [M.GaussAdjoint, M.ForwardSensitivity]),
+    "spiral_bdf": (_spiral, sciml.BDF, []),
+    "pk_doses": (_pk, sciml.Tsit5, [M.GaussAdjoint]),
+    "ball_events": (_ball, sciml.Rodas5, [M.GaussAdjoint, M.ForwardSensitivity]),
+    "steady": (_steady, sciml.Rodas5, [M.GaussAdjoint]),
+}
+
+
+def petab_load(yaml):
+    import sciml.petab
+
+    return sciml.petab.load(yaml, rtol=1e-10, atol=1e-12)
+
+
+def results():
+    """Every case's solution, losses and gradients, as lists (JSON)."""
+    out = {}
+    for name, (make, solver, methods) in CASES.items():
+        prob, data = make()
+        sol = sciml.solve(prob, solver(), rtol=1e-8, atol=1e-10, saveat=data.t)
+        out[name] = {"u": sol.u.tolist()}
+        for m in methods:
+            v, g = sciml.loss_and_grad(prob, data, solver=solver(), sensealg=m(), rtol=1e-8,
+                                       atol=1e-10)
+            out[name][m.__name__] = [float(v), *np.asarray(g).tolist()]
+    pytest.importorskip("libsbml")
+    pp = petab_load(BOEHM)
+    v, g = pp.llh_and_grad(pp.nominal)
+    out["boehm"] = {"GaussAdjoint": [float(v), *g.tolist()]}
+    return out
+
+
+def _compiled_engine_functions():
+    import gc
+
+    from numba.core.dispatcher import Dispatcher
+
+    return sorted(d.py_func.__qualname__ for d in gc.get_objects()
+                  if isinstance(d, Dispatcher) and d.overloads
+                  and d.py_func.__module__.startswith(("sciml.solvers.kernels",
+                                                       "adjoints.kernels")))
+
+
+_SCRIPT = """
+import json, sys
+from tests.sciml import test_tier as t
+out = t.results()
+out["compiled"] = t._compiled_engine_functions()
+print(json.dumps(out))
+"""
+
+
+def _run(script, **env):
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_the_interpreted_engine_agrees_with_the_compiled_one():
+    pytest.importorskip("libsbml")
+    interpreted = _run(_SCRIPT, SCIML_INTERPRET="always")
+    assert interpreted.pop("compiled") == []  # nothing of the engine was compiled there
+    compiled = results()
+    assert interpreted.keys() == compiled.keys()
+    for name, by_method in compiled.items():
+        for key, want in by_method.items():
+            got = np.array(interpreted[name][key])
+            # the same arithmetic but for fastmath's reassociation and FMAs, which can turn
+            # a step's acceptance the other way: differences of the solves' tolerances
+            np.testing.assert_allclose(got, want, rtol=1e-7, atol=1e-10 * np.max(np.abs(want)),
+                                       err_msg=f"{name} {key}")
+
+
+_HANDOVER = """
+import json, threading, numpy as np, sciml, adjoints
+from sciml import _tier
+from tests.sciml.test_tier import _spiral
+
+class Job:
+    def __init__(self):
+        self.done, self.ok = threading.Event(), True
+
+jobs = []
+def request(disp, sig):  # a background compile that ends when the test says
+    jobs.append(Job())
+    if {limit} == 0.0:
+        threading.Timer(0.05, jobs[-1].done.set).start()
+    return jobs[-1]
+
+_tier.ENABLED, _tier.LIMIT, _tier._COMPILER.request = True, {limit}, request
+_tier.loaded = lambda disp, sig: None  # as if nothing were cached: every loop tiered
+prob, data = _spiral()
+def gradient():
+    v, g = sciml.loss_and_grad(prob, data, solver=sciml.Rodas5(),
+                               sensealg=adjoints.GaussAdjoint(), rtol=1e-8,
+                               atol=1e-10)
+    return [float(v), *g.tolist()]
+first = gradient()
+tiers = list(_tier._TIERS.values())
+before = [t.fn is not None for t in tiers]
+for j in jobs:
+    j.done.set()
+second = gradient()
+print(json.dumps({{"first": first, "second": second, "before": before, "jobs": len(jobs),
+                  "after": [t.fn is not None for t in tiers]}}))
+"""
+
+
+def test_interpreted_until_compiled():
+    out = _run(_HANDOVER.format(limit=60.0))
+    # every loop of the gradient ran interpreted, while its compile was not done
+    assert out["jobs"] >= 3 and len(out["before"]) == out["jobs"] and not any(out["before"])
+    assert all(out["after"])  # then the compiled loops took over
+    np.testing.assert_allclose(out["first"], out["second"], rtol=1e-7)
+
+
+def test_an_interpreted_call_out_of_time_starts_over_compiled():
+    # stopped at its first kernel call, each loop that calls the model waits for its
+    # compile and runs compiled (the backward schedule, which calls none, ends interpreted)
+    out = _run(_HANDOVER.format(limit=0.0))
+    assert out["jobs"] >= 3 and sum(out["before"]) >= 2
+    # bit for bit: the compiled loops started from the arguments as they came
+    assert out["first"] == out["second"]
+
+
+_BACKGROUND = """
+import json, numpy as np, sciml
+from sciml import _tier
+from tests.sciml.test_tier import _spiral
+prob, data = _spiral()
+first = sciml.solve(prob, rtol=1e-8, atol=1e-10, saveat=data.t).u
+tiers = list(_tier._TIERS.values())
+jobs = [t.job for t in tiers]
+ok = [j.done.wait(300) and j.ok for j in jobs]
+again = sciml.solve(prob, rtol=1e-8, atol=1e-10, saveat=data.t).u
+loaded = [_tier.loaded(t.disp, t.sig) is not None for t in tiers]
+print(json.dumps({"n": len(tiers), "ok": ok, "loaded": loaded,
+                  "diff": float(np.max(np.abs(first - again)))}))
+"""
+
+
+def test_the_background_process_fills_an_empty_cache(tmp_path):
+    out = _run(_BACKGROUND, SCIML_INTERPRET="1", NUMBA_CACHE_DIR=str(tmp_path))
+    assert out["n"] >= 1 and all(out["ok"]) and all(out["loaded"])
+    assert out["diff"] < 1e-10
+
+
+def test_an_interpreted_call_stops_when_its_compile_is_done():
+    import threading
+
+    from sciml._interpret import TooSlow, deadline, interrupt
+
+    ready = threading.Event()
+    with deadline(60.0, ready):
+        interrupt()  # neither late nor ready: goes on
+        ready.set()
+        with pytest.raises(TooSlow):
+            interrupt()
+    interrupt()  # outside: never stops
