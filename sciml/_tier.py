@@ -42,6 +42,7 @@ __all__ = ["ENABLED", "LIMIT", "entry", "compiled", "loaded"]
 ENABLED = os.environ.get("SCIML_INTERPRET", "1") != "0"
 ALWAYS = os.environ.get("SCIML_INTERPRET") == "always"
 LIMIT = 10.0  # seconds a loop's interpreted calls may take before it waits for its compile
+WAIT = 600.0  # seconds a call waits for the background compile before it compiles itself
 
 
 def loaded(disp, sig):
@@ -102,7 +103,7 @@ class Tier:
 
     def _compiled(self):
         if self.job is not None:
-            self.job.done.wait()
+            self.job.done.wait(WAIT)
             fn = loaded(self.disp, self.sig)
             if fn is not None:
                 return fn
@@ -236,6 +237,26 @@ class _Compiler:
 
 
 _COMPILER = _Compiler()
+
+
+def _forked():
+    """In a forked child (`sciml.nlme`'s workers): the parent's background process and its
+    answers are not this process's. Its jobs end (the loops load from the cache, or compile
+    here), with fresh events: a lock held at the fork would never be released."""
+    for job in _COMPILER.jobs.values():
+        job.done = threading.Event()
+        job.done.set()
+    if _COMPILER.proc is not None:  # this copy of the pipes must not keep it running
+        for pipe in (_COMPILER.proc.stdin, _COMPILER.proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+    _COMPILER.__init__()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _serve():

@@ -230,3 +230,14 @@ def test_an_interpreted_call_stops_when_its_compile_is_done():
         with pytest.raises(TooSlow):
             interrupt()
     interrupt()  # outside: never stops
+
+
+def test_a_forked_child_waits_for_no_compile_of_its_parent(monkeypatch):
+    from sciml import _tier
+
+    compiler = _tier._Compiler()
+    monkeypatch.setattr(_tier, "_COMPILER", compiler)
+    job = compiler.jobs["a loop"] = _tier._Job()
+    _tier._forked()  # what os.fork runs in the child
+    assert job.done.is_set() and not job.ok  # the tier loads from the cache or compiles
+    assert compiler.jobs == {} and compiler.proc is None  # a background process of its own
