@@ -220,6 +220,7 @@ class _Compiler:
                                          stderr=subprocess.DEVNULL)
         except OSError:
             return False
+        self.fds = (self.proc.stdin.fileno(), self.proc.stdout.fileno())
         threading.Thread(target=self._answers, daemon=True, name="sciml-compile").start()
         return True
 
@@ -246,12 +247,14 @@ def _forked():
     for job in _COMPILER.jobs.values():
         job.done = threading.Event()
         job.done.set()
-    if _COMPILER.proc is not None:  # this copy of the pipes must not keep it running
-        for pipe in (_COMPILER.proc.stdin, _COMPILER.proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+    if _COMPILER.proc is not None:
+        # This copy of the pipes must not keep the parent's process running. Not closed
+        # through their file objects: the parent's answer thread, gone here, may have held
+        # the reader's lock at the fork; their descriptors become /dev/null instead.
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in _COMPILER.fds:
+            os.dup2(null, fd)
+        os.close(null)
     _COMPILER.__init__()
 
 

@@ -122,9 +122,9 @@ print(json.dumps(out))
 """
 
 
-def _run(script, **env):
+def _run(script, timeout=600, **env):
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, **env})
+                          text=True, timeout=timeout, env={**os.environ, **env})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
@@ -241,3 +241,31 @@ def test_a_forked_child_waits_for_no_compile_of_its_parent(monkeypatch):
     _tier._forked()  # what os.fork runs in the child
     assert job.done.is_set() and not job.ok  # the tier loads from the cache or compiles
     assert compiler.jobs == {} and compiler.proc is None  # a background process of its own
+
+
+_FORK = """
+import json, os, numpy as np, sciml, adjoints
+from sciml import _tier
+from tests.sciml.test_tier import _spiral
+_tier.ENABLED = True
+_tier.loaded = lambda disp, sig: None  # every loop tiered, with a real background process
+prob, data = _spiral()
+def gradient():
+    return sciml.loss_and_grad(prob, data, sensealg=adjoints.GaussAdjoint(), rtol=1e-8,
+                               atol=1e-10)[1]
+g = gradient()
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # the answer thread was reading the background process's pipe at the fork
+    os.write(w, (np.abs(gradient() - g).max() / np.abs(g).max()).tobytes())
+    os._exit(0)
+child = np.frombuffer(os.read(r, 8), dtype=np.float64)[0]
+os.waitpid(pid, 0)
+print(json.dumps({"child": float(child), "background": _tier._COMPILER.proc is not None}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_runs_without_its_parents_background_process():
+    out = _run(_FORK, timeout=180)  # a lock held at the fork would hang the child
+    assert out["background"] and out["child"] < 1e-7
