@@ -31,7 +31,11 @@ from numba.core.dispatcher import Dispatcher
 from numba.core.extending import _Intrinsic
 from numba.core.typing import templates
 
-__all__ = ["python", "stand_in", "NotInterpretable", "TooSlow", "interrupt", "deadline"]
+__all__ = ["python", "stand_in", "NotInterpretable", "TooSlow", "interrupt", "deadline",
+           "ENGINE_MODULES"]
+
+#: the engine's modules: what `python` rebinds, what `sciml._tier` tiers
+ENGINE_MODULES = ("sciml.solvers.kernels", "adjoints.kernels")
 
 
 class NotInterpretable(Exception):
@@ -72,7 +76,6 @@ class deadline:
 
 _STAND_INS = {}  # intrinsic -> its Python stand-in
 _PY = {}  # id(engine object) -> (object, its interpreted version)
-_ENGINE = ("sciml.solvers.kernels", "adjoints.kernels", "sciml._jit")
 
 
 def stand_in(intrinsic):
@@ -124,7 +127,7 @@ def _key(a):
     if isinstance(a, tuple):
         hit = _TYPED.get(id(a))
         if hit is None or hit[0] is not a:
-            if len(_TYPED) > 4096:
+            if len(_TYPED) > 256:  # (they hold their arrays)
                 _TYPED.clear()
             ty = numba.typeof(a)
             hit = _TYPED[id(a)] = (a, _NUMBERS.setdefault(ty, len(_NUMBERS)))
@@ -175,7 +178,7 @@ def _refuse(name):
 
 
 def _is_engine(module_name):
-    return isinstance(module_name, str) and module_name.startswith(_ENGINE)
+    return isinstance(module_name, str) and module_name.startswith(ENGINE_MODULES)
 
 
 def _names(code):

@@ -29,7 +29,7 @@ from nets import _cache as _nets_cache
 from nets._config import OPTIONS, Threads, pjit  # one place for numba options
 from nets._config import jit as _jit
 from sciml import _tier
-from sciml._interpret import stand_in
+from sciml._interpret import ENGINE_MODULES, stand_in
 
 __all__ = ["jit", "pjit", "Threads", "OPTIONS", "borrow", "keep_alive", "entry_point",
            "compiled", "ENGINE_FOLDERS"]
@@ -49,8 +49,7 @@ def _flat(expr, caller, callee):
 def _tiered(disp):
     """``disp``, whose calls from Python that would compile go through `sciml._tier` (run
     interpreted while a background process compiles); an engine function's dispatcher."""
-    if not hasattr(disp, "py_func") or not disp.py_func.__module__.startswith(
-            ("sciml.solvers.kernels", "adjoints.kernels")):
+    if not hasattr(disp, "py_func") or not disp.py_func.__module__.startswith(ENGINE_MODULES):
         return disp
     compile_for_args = disp._compile_for_args
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 
-from ._interpret import NotInterpretable, TooSlow, deadline, python
+from ._interpret import ENGINE_MODULES, NotInterpretable, TooSlow, deadline, python
 
 __all__ = ["ENABLED", "LIMIT", "entry", "compiled", "loaded"]
 
@@ -155,7 +155,7 @@ def _name_of(disp):
     if made_by is not None:
         return made_by
     for mod_name, mod in list(sys.modules.items()):
-        if mod is None or not mod_name.startswith(("sciml.solvers.kernels", "adjoints.kernels")):
+        if mod is None or not mod_name.startswith(ENGINE_MODULES):
             continue
         for attr, value in vars(mod).items():
             if value is disp:

@@ -107,10 +107,11 @@ def _compiled_engine_functions():
 
     from numba.core.dispatcher import Dispatcher
 
+    from sciml._interpret import ENGINE_MODULES
+
     return sorted(d.py_func.__qualname__ for d in gc.get_objects()
                   if isinstance(d, Dispatcher) and d.overloads
-                  and d.py_func.__module__.startswith(("sciml.solvers.kernels",
-                                                       "adjoints.kernels")))
+                  and d.py_func.__module__.startswith(ENGINE_MODULES))
 
 
 _SCRIPT = """
