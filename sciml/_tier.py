@@ -16,6 +16,11 @@ background process could). The background process compiles meanwhile, so on two 
 a call that stops has lost nothing but its copies of the arguments.
 The background process stops when this one ends: what it finished stays cached.
 
+Interpreted and compiled results differ in the last bits (fastmath), which is enough to
+send an optimiser down another path: a fit (`compiled_only`, on `sciml.fit` and
+`NLME.fit`) waits for the compiled loops, so that it gives the same result with a cold
+cache as with a warm one.
+
 ``SCIML_INTERPRET=0`` in the environment (or `ENABLED` False) switches this off:
 every first call compiles, as numba does. ``SCIML_INTERPRET=always`` runs every call
 from Python interpreted and compiles nothing: the engine as plain Python, for a debugger
@@ -23,6 +28,7 @@ or to check the interpreter against the compiled engine.
 """
 
 import base64
+import contextlib
 import importlib
 import os
 import pickle
@@ -37,12 +43,29 @@ from numba.core.compiler_lock import global_compiler_lock
 
 from ._interpret import ENGINE_MODULES, NotInterpretable, TooSlow, deadline, python
 
-__all__ = ["ENABLED", "LIMIT", "entry", "compiled", "loaded"]
+__all__ = ["ENABLED", "LIMIT", "entry", "compiled", "loaded", "compiled_only"]
 
 ENABLED = os.environ.get("SCIML_INTERPRET", "1") != "0"
 ALWAYS = os.environ.get("SCIML_INTERPRET") == "always"
 LIMIT = 10.0  # seconds a loop's interpreted calls may take before it waits for its compile
 WAIT = 600.0  # seconds a call waits for the background compile before it compiles itself
+
+
+_FITTING = [0]  # how many `compiled_only` blocks run, in any thread (a fit's own threads)
+_FITTING_LOCK = threading.Lock()
+
+
+class compiled_only(contextlib.ContextDecorator):
+    """Inside it (or a function it decorates), no call runs interpreted: each waits for its
+    compiled loop (a fit, reproducible whatever the cache held)."""
+
+    def __enter__(self):
+        with _FITTING_LOCK:
+            _FITTING[0] += 1
+
+    def __exit__(self, *exc):
+        with _FITTING_LOCK:
+            _FITTING[0] -= 1
 
 
 def loaded(disp, sig):
@@ -83,7 +106,8 @@ class Tier:
         self.left = LIMIT  # seconds of interpreted calls left
 
     def __call__(self, *args):
-        if self.fn is None and self.interpret and not self.job.done.is_set():
+        if (self.fn is None and self.interpret and not _FITTING[0]
+                and not self.job.done.is_set()):
             kept = [(a, a.copy()) for a in _arrays(args, {}).values()]
             t0 = time.perf_counter()
             try:

@@ -26,6 +26,7 @@ import numpy as np
 
 from nets import LBFGS
 
+from ._tier import compiled_only
 from ._validate import float_vector, integer, positive_int, positive_number
 from .data import Data
 from .problem import ODEProblem, problem_list
@@ -494,6 +495,7 @@ def _bar(progress, optimizers):
 # ----------------------------------------------------------------------------- fit
 
 
+@compiled_only()  # reproducible: no interpreted first calls (see sciml._tier)
 def fit(prob_or_list, data_or_list, optimizers=None, loss=None, solver=None, sensealg=None,
         rtol=1e-6, atol=1e-6, params=None, callback=None, progress=True, backend="numba",
         patience=None, min_delta=0.0, target=None, max_steps=100_000, threads=None,

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from scipy import optimize
 
+from sciml._tier import compiled_only
 from sciml._validate import positive_number, real
 from sciml.problem import initial_function
 from sciml.solvers.erk import Tsit5
@@ -669,6 +670,7 @@ class NLME:
 
     # ---------------------------------------------------------------- estimation
 
+    @compiled_only()  # reproducible: no interpreted first calls (see sciml._tier)
     def fit(self, subjects, method="focei", *, fixed=(), max_iter=500, covariance=True,
             stages=(), start=None, seed=None, ftol=1e-5, **solve):
         """Estimate theta, omega and sigma by minimising the objective of ``method``, or by

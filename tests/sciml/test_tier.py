@@ -157,10 +157,16 @@ class Job:
 jobs = []
 def request(disp, sig):  # a background compile that ends when the test says
     jobs.append(Job())
-    if {limit} == 0.0:
+    if {limit} == 0.0 or {fit}:
         threading.Timer(0.05, jobs[-1].done.set).start()
     return jobs[-1]
 
+interpreted = []
+def python(obj):
+    interpreted.append(obj)
+    return interpret(obj)
+
+interpret, _tier.python = _tier.python, python
 _tier.ENABLED, _tier.LIMIT, _tier._COMPILER.request = True, {limit}, request
 _tier.loaded = lambda disp, sig: None  # as if nothing were cached: every loop tiered
 prob, data = _spiral()
@@ -169,29 +175,40 @@ def gradient():
                                sensealg=adjoints.GaussAdjoint(), rtol=1e-8,
                                atol=1e-10)
     return [float(v), *g.tolist()]
-first = gradient()
+if {fit}:
+    with _tier.compiled_only():  # what sciml.fit and NLME.fit run in
+        first = gradient()
+else:
+    first = gradient()
 tiers = list(_tier._TIERS.values())
 before = [t.fn is not None for t in tiers]
 for j in jobs:
     j.done.set()
 second = gradient()
 print(json.dumps({{"first": first, "second": second, "before": before, "jobs": len(jobs),
-                  "after": [t.fn is not None for t in tiers]}}))
+                  "after": [t.fn is not None for t in tiers],
+                  "interpreted": len(interpreted)}}))
 """
 
 
 def test_interpreted_until_compiled():
-    out = _run(_HANDOVER.format(limit=60.0))
+    out = _run(_HANDOVER.format(limit=60.0, fit=False))
     # every loop of the gradient ran interpreted, while its compile was not done
     assert out["jobs"] >= 3 and len(out["before"]) == out["jobs"] and not any(out["before"])
     assert all(out["after"])  # then the compiled loops took over
     np.testing.assert_allclose(out["first"], out["second"], rtol=1e-7)
 
 
+def test_a_fit_waits_for_the_compiled_loops():
+    out = _run(_HANDOVER.format(limit=60.0, fit=True))
+    assert out["jobs"] >= 3 and out["interpreted"] == 0 and all(out["before"])
+    assert out["first"] == out["second"]  # reproducible: what a warm cache gives
+
+
 def test_an_interpreted_call_out_of_time_starts_over_compiled():
     # stopped at its first kernel call, each loop that calls the model waits for its
     # compile and runs compiled (the backward schedule, which calls none, ends interpreted)
-    out = _run(_HANDOVER.format(limit=0.0))
+    out = _run(_HANDOVER.format(limit=0.0, fit=False))
     assert out["jobs"] >= 3 and sum(out["before"]) >= 2
     # bit for bit: the compiled loops started from the arguments as they came
     assert out["first"] == out["second"]
