@@ -11,9 +11,10 @@ and every later call runs compiled.
 An interpreted call stops when the compiled loop is ready, when the loop's interpreted
 calls have taken `LIMIT` seconds together (on one core they take the compile's time), or
 when it meets what the interpreter cannot run: its arguments are put back as they came,
-and it runs compiled, waiting for the compile if it must (or compiling here when no
-background process could). The background process compiles meanwhile, so on two cores
-a call that stops has lost nothing but its copies of the arguments.
+and it runs compiled: it waits for the background process if that has begun the loop,
+else compiles the loop here (the background process is busy with others, and this core
+would only wait). The background process compiles meanwhile, so on two cores a call
+that stops has lost nothing but its copies of the arguments.
 The background process stops when this one ends: what it finished stays cached.
 
 Interpreted and compiled results differ in the last bits (fastmath), which is enough to
@@ -126,6 +127,10 @@ class Tier:
         return self.fn(*args)
 
     def _compiled(self):
+        if self.job is not None and not self.job.started and not self.job.done.is_set():
+            # the background process is still on other loops: this one here, on the core
+            # that would otherwise wait (it loads what the other process finishes first)
+            return self.disp.compile(self.sig)
         if self.job is not None:
             self.job.done.wait(WAIT)
             fn = loaded(self.disp, self.sig)
@@ -195,13 +200,15 @@ def _dispatcher(module, attr):
 
 class _Job:
     def __init__(self):
+        self.started = False  # the background process is compiling it
         self.done = threading.Event()
         self.ok = False
 
 
 class _Compiler:
     """The background process: requests go to its input, one line each; it answers
-    ``<id> ok`` (or ``<id> failed``) once the loop is in the disk cache."""
+    ``started`` for each as it begins, then ``ok`` (or ``failed``) once the loop is in
+    the disk cache."""
 
     def __init__(self):
         self.proc = None
@@ -253,7 +260,9 @@ class _Compiler:
             key, status = pickle.loads(base64.b64decode(line))
             with self.lock:
                 job = self.jobs.get(key)
-            if job is not None:
+            if job is not None and status == "started":
+                job.started = True
+            elif job is not None:
                 job.ok = status == "ok"
                 job.done.set()
         with self.lock:  # the process ended: nothing more will come
@@ -301,6 +310,8 @@ def _serve():
     out = sys.stdout.buffer
     while True:
         key, module, attr, sig = pickle.loads(base64.b64decode(asked.get()))
+        out.write(base64.b64encode(pickle.dumps((key, "started"))) + b"\n")
+        out.flush()
         try:
             _dispatcher(module, attr).compile(sig)
             status = "ok"

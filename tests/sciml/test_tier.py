@@ -150,9 +150,9 @@ import json, threading, numpy as np, sciml, adjoints
 from sciml import _tier
 from tests.sciml.test_tier import _spiral
 
-class Job:
-    def __init__(self):
-        self.done, self.ok = threading.Event(), True
+class Job:  # begun by the background process (a call waits for it), or not yet begun
+    def __init__(self):                      # (with limit 0: the call compiles it itself)
+        self.done, self.ok, self.started = threading.Event(), True, {limit} != 0.0
 
 jobs = []
 def request(disp, sig):  # a background compile that ends when the test says
@@ -206,8 +206,9 @@ def test_a_fit_waits_for_the_compiled_loops():
 
 
 def test_an_interpreted_call_out_of_time_starts_over_compiled():
-    # stopped at its first kernel call, each loop that calls the model waits for its
-    # compile and runs compiled (the backward schedule, which calls none, ends interpreted)
+    # stopped at its first kernel call, each loop that calls the model is compiled here (its
+    # background compile not begun) and runs compiled (the backward schedule, which calls
+    # none, ends interpreted)
     out = _run(_HANDOVER.format(limit=0.0, fit=False))
     assert out["jobs"] >= 3 and sum(out["before"]) >= 2
     # bit for bit: the compiled loops started from the arguments as they came
