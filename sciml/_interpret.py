@@ -95,7 +95,9 @@ class _Math:
     def __getattr__(self, name):
         value = getattr(np, name, None) if name in ("sqrt", "log", "exp", "log1p", "expm1",
                                                     "pow", "tanh", "atan2", "hypot") else None
-        return value if value is not None else getattr(math, name)
+        value = value if value is not None else getattr(math, name)
+        setattr(self, name, value)  # looked up once: the loops read it at every step
+        return value
 
 
 _MATH = _Math()
@@ -154,20 +156,23 @@ class _Chosen:
         return impl(*args)
 
 
-_OVERLOADS = {}
+_OVERLOADS = {}  # id(stub) -> (stub, the overload function numba registered for it)
+_SEEN = [0]  # how many registrations `_OVERLOADS` was built from
 
 
 def _overload_of(fn):
     """The overload function numba registered for the stub ``fn``, or None."""
     reg = templates.builtin_registry.globals
-    if len(_OVERLOADS) != len(reg):  # new registrations since the last look
+    if _SEEN[0] != len(reg):  # new registrations since the last look
         _OVERLOADS.clear()
         for f, ty in reg:
-            tpl = getattr(ty, "templates", ())
-            found = [t._overload_func for t in tpl if hasattr(t, "_overload_func")]
-            _OVERLOADS[id(f)] = (f, found[0] if found else None)
-        _OVERLOADS["size"] = (None, len(reg))
-    return _OVERLOADS.get(id(fn), (None, None))[1]
+            found = [t._overload_func for t in getattr(ty, "templates", ())
+                     if hasattr(t, "_overload_func")]
+            if found:
+                _OVERLOADS[id(f)] = (f, found[0])
+        _SEEN[0] = len(reg)
+    hit = _OVERLOADS.get(id(fn))
+    return hit[1] if hit is not None and hit[0] is fn else None
 
 
 def _refuse(name):

@@ -148,15 +148,15 @@ def entry(disp, args):
     if ALWAYS:
         return _interpreted(disp)
     sig = tuple(disp.typeof_pyval(a) for a in args)
-    fn = loaded(disp, sig) if ENABLED else None
-    if fn is not None or not ENABLED:
-        return fn if fn is not None else disp.compile(sig)
-    key = (id(disp), sig)
-    tier = _TIERS.get(key)
-    if tier is None or tier.disp is not disp:
-        tier = _TIERS[key] = Tier(disp, sig)
-    if tier.fn is not None:
-        return tier.fn
+    if not ENABLED:
+        return disp.compile(sig)
+    tier = _TIERS.get((id(disp), sig))  # (it holds ``disp``: the id is not reused)
+    if tier is not None:  # it looks for the compiled loop itself, not the disk each call
+        return tier.fn if tier.fn is not None else tier
+    fn = loaded(disp, sig)
+    if fn is not None:
+        return fn
+    tier = _TIERS[(id(disp), sig)] = Tier(disp, sig)
     return tier
 
 
