@@ -86,6 +86,17 @@ def loaded(disp, sig):
         return cres.entry_point
 
 
+def _boxed(x):
+    """An interpreted loop's result as numba returns it: numbers as Python's (the loop's
+    arithmetic gives numpy scalars), in tuples and named tuples alike."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, tuple):
+        items = [_boxed(v) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+    return x
+
+
 def _arrays(x, out):
     if isinstance(x, np.ndarray):
         out[id(x)] = x
@@ -113,7 +124,7 @@ class Tier:
             t0 = time.perf_counter()
             try:
                 with np.errstate(all="ignore"), deadline(self.left, self.job.done):
-                    return python(self.disp)(*args)
+                    return _boxed(python(self.disp)(*args))
             except (TooSlow, NotInterpretable, ArithmeticError, LookupError, ValueError,
                     TypeError):
                 # the compiled loop takes over from the arguments as they came
@@ -163,7 +174,7 @@ def entry(disp, args):
 def _interpreted(disp):
     def run(*args):
         with np.errstate(all="ignore"):
-            return python(disp)(*args)
+            return _boxed(python(disp)(*args))
 
     return run
 

@@ -2,6 +2,7 @@
 parameters and of the pre-initialization networks' outputs (`Outer`), resolved with
 PEtab's precedence (`Resolver`), with their Jacobians for the chain rule back."""
 
+import functools
 import re
 
 import numpy as np
@@ -35,7 +36,7 @@ class Outer:
         self.n_mech = len(theta_e)
         # the model parameters the estimated ones reach (forward sensitivities need no more)
         self.reached = [i for i, e in enumerate(theta_e) if e.free_symbols]
-        self.T = _lambdify(z + o_all, theta_e)
+        self.T = lambdified(z + o_all, theta_e)
         self.inputs = {}
         for n in self.pre:
             items = []
@@ -53,7 +54,7 @@ class Outer:
                 if any(o in e.free_symbols for e in items for o in o_all):
                     raise PetabError(f"network {n!r}: its input depends on another "
                                      "pre-initialization network's output")
-                self.inputs[n] = ("expr", _lambdify(z, items))
+                self.inputs[n] = ("expr", lambdified(z, items))
         self.o_all_count = [len(o_syms[n]) for n in self.pre]
         self.model_nets = [(n, pp.model.param_slices[n]) for n, nt in pp.nets.items()
                            if not nt.pre]
@@ -213,10 +214,61 @@ def _is_number(v):
         return False
 
 
-class _lambdify:
-    """``exprs(args)`` and its Jacobian, compiled by sympy's lambdify (numpy)."""
+def lambdified(args, exprs):
+    """``exprs(args)`` and its Jacobian (`_lambdify`), shared by every simulation whose
+    expressions differ from another's only in their floating-point numbers: those are
+    arguments of the shared code. A problem's conditions often give one simulation the
+    same expressions as the next with other numbers in them (Fiedler_BMCSystBiol2016:
+    thirty initial values of up to 250 operations each, 1.2 s of sympy's differentiating
+    and printing a simulation; Raimundez_PCB2020: 170 simulations)."""
+    numbers = []
+    shape = tuple(_numbers_out(e, numbers) for e in exprs)
+    names = tuple(_number(i) for i in range(len(numbers)))
+    return _Bound(_lambdified(tuple(args), names, shape), np.array(numbers, dtype=np.float64))
 
-    def __init__(self, args, exprs):
+
+def _number(i):
+    # an identifier (lambdify renames others, slowly) outside SBML's and PEtab's ASCII ids
+    return sympy.Symbol(f"\u03bd{i}")
+
+
+def _numbers_out(e, numbers):
+    """``e`` with each distinct floating-point number in it a symbol `_number` (its value
+    appended to ``numbers``); an expression's equal numbers are one symbol, which keeps its
+    derivatives as small as the expression's."""
+    mine = {}
+    for node in sympy.preorder_traversal(e):
+        if isinstance(node, sympy.Float) and node not in mine:
+            mine[node] = _number(len(numbers))
+            numbers.append(float(node))
+    return e.xreplace(mine) if mine else e
+
+
+@functools.lru_cache(maxsize=1024)
+def _lambdified(args, extra, exprs):
+    return _lambdify(list(args), list(exprs), list(extra))
+
+
+class _Bound:
+    """A `_lambdify` with its last arguments given."""
+
+    def __init__(self, shared, numbers):
+        self.shared = shared
+        self.numbers = numbers
+
+    def value(self, a):
+        return self.shared.value(np.concatenate([np.asarray(a, dtype=np.float64), self.numbers]))
+
+    def jacobian(self, a):
+        return self.shared.jacobian(
+            np.concatenate([np.asarray(a, dtype=np.float64), self.numbers]))
+
+
+class _lambdify:
+    """``exprs(args, extra)`` and its Jacobian in ``args``, compiled by sympy's lambdify
+    (numpy)."""
+
+    def __init__(self, args, exprs, extra=()):
         self.n = len(exprs)
         self.args = args
         m = sympy.Matrix(exprs) if exprs else sympy.zeros(0, 1)
@@ -229,8 +281,8 @@ class _lambdify:
         nz = [t for t in nz if t[2] != 0]
         self._rows = np.array([t[0] for t in nz], dtype=np.int64)
         self._cols = np.array([t[1] for t in nz], dtype=np.int64)
-        self._f = sympy.lambdify([args], list(m), "numpy")
-        self._j = sympy.lambdify([args], [t[2] for t in nz], "numpy")
+        self._f = sympy.lambdify([args + extra], list(m), "numpy")
+        self._j = sympy.lambdify([args + extra], [t[2] for t in nz], "numpy", cse=True)
 
     def value(self, a):
         return np.array(self._f(a), dtype=np.float64).reshape(self.n)

@@ -2,7 +2,8 @@
 
 Rows are numbered as in the file: the header is line 1, the first data row line 2.
 Formulas are parsed by the `petab` library's PEtab math grammar
-(`petab.v1.math.sympify_petab`) and re-expressed in this package's symbols.
+(`petab.v1.math.sympify_petab`), plain arithmetic without it (`.arithmetic`), and
+re-expressed in this package's symbols.
 """
 
 import math
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 import sympy
 
+from .arithmetic import arithmetic
 from .errors import PetabError
 from .sbml import TIME, symbol
 
@@ -78,14 +80,17 @@ def number(table, line, column, text):
 
 def parse_formula(table, line, column, text):
     """A PEtab math formula as a sympy expression in this package's symbols."""
-    from petab.v1.math import sympify_petab
-
     if text == "":
         raise PetabError(f"{table.where(line, column)}: a formula is required here")
-    try:
-        e = sympify_petab(text)
-    except Exception as err:
-        raise PetabError(f"{table.where(line, column)}: cannot parse {text!r}: {err}") from None
+    e = arithmetic(text)
+    if e is None:
+        from petab.v1.math import sympify_petab
+
+        try:
+            e = sympify_petab(text)
+        except Exception as err:
+            raise PetabError(
+                f"{table.where(line, column)}: cannot parse {text!r}: {err}") from None
     e = sympy.sympify(e)
     if isinstance(e, (bool, np.bool_)):
         return sympy.true if e else sympy.false

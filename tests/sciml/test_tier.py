@@ -85,8 +85,10 @@ def petab_load(yaml):
 
 
 def results():
-    """Every case's solution, losses and gradients, as lists (JSON)."""
+    """Every case's solution, losses and gradients, as lists (JSON), and the types of the
+    losses."""
     out = {}
+    types = set()
     for name, (make, solver, methods) in CASES.items():
         prob, data = make()
         sol = sciml.solve(prob, solver(), rtol=1e-8, atol=1e-10, saveat=data.t)
@@ -95,10 +97,12 @@ def results():
             v, g = sciml.loss_and_grad(prob, data, solver=solver(), sensealg=m(), rtol=1e-8,
                                        atol=1e-10)
             out[name][m.__name__] = [float(v), *np.asarray(g).tolist()]
+            types.add(type(v).__name__)
     pytest.importorskip("libsbml")
     pp = petab_load(BOEHM)
     v, g = pp.llh_and_grad(pp.nominal)
     out["boehm"] = {"GaussAdjoint": [float(v), *g.tolist()]}
+    out["types"] = sorted(types)
     return out
 
 
@@ -136,6 +140,7 @@ def test_the_interpreted_engine_agrees_with_the_compiled_one():
     assert interpreted.pop("compiled") == []  # nothing of the engine was compiled there
     compiled = results()
     assert interpreted.keys() == compiled.keys()
+    assert interpreted.pop("types") == compiled.pop("types") == ["float"]  # Python's, both
     for name, by_method in compiled.items():
         for key, want in by_method.items():
             got = np.array(interpreted[name][key])

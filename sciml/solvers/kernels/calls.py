@@ -72,6 +72,16 @@ def _caller(n_before, n_after):
     return typer
 
 
+def _address(a, _view=ctypes.c_char.from_buffer, _at=ctypes.addressof):
+    """The address of array ``a``'s data: through the buffer protocol, 2.5x quicker than
+    ``a.ctypes.data`` (which the read-only, empty and strided arrays that protocol refuses
+    still take)."""
+    try:
+        return _at(_view(a))
+    except (TypeError, ValueError, BufferError):
+        return a.ctypes.data
+
+
 def _stand_in(n_before, n_after):
     """The interpreter's call of a kernel: through ctypes, from the arrays' addresses."""
     fnty = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_before, ctypes.c_double,
@@ -83,7 +93,7 @@ def _stand_in(n_before, n_after):
         fn = kernels.get(addr)
         if fn is None:
             fn = kernels[addr] = fnty(int(addr))
-        return fn(*[a if i == n_before else a.ctypes.data for i, a in enumerate(args)])
+        return fn(*[a if i == n_before else _address(a) for i, a in enumerate(args)])
 
     return call
 
