@@ -50,8 +50,10 @@ def test_loading_a_problem_imports_no_petab():
     code = ("import sys, sciml.petab; pp = sciml.petab.load(sys.argv[1]); "
             "print(pp.llh(pp.nominal)); print(sorted(m for m in sys.modules "
             "if m == 'petab' or m.startswith('petab.')))")
+    # (the engine interpreted: this test compiles nothing)
     out = subprocess.run([sys.executable, "-c", code, BOEHM], capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                         timeout=600, env={**os.environ, "PYTHONWARNINGS": "ignore",
+                                           "SCIML_INTERPRET": "always"})
     assert out.returncode == 0, out.stderr
     llh, modules = out.stdout.strip().splitlines()[-2:]
     assert float(llh) == pytest.approx(-138.22199693517703, abs=1e-3)  # AMICI's
