@@ -167,3 +167,27 @@ def test_no_allocation(rng):
     finally:
         if not was:
             _nrt_python.memsys_disable_stats()
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 9, 30])
+def test_the_interpreters_lapack_stand_ins_agree_with_the_loops(rng, n):
+    """What the interpreted engine runs for the three (`sciml._interpret.python`: LAPACK's
+    getrf/getrs) against the loops' own Python: the same pivots, the same factors and
+    solutions to rounding."""
+    from sciml._interpret import python
+
+    A, b = rng.normal(size=(n, n)), rng.normal(size=n)
+    loops, lapack = [], []
+    for run, out in ((lambda f: f.py_func, loops), (python, lapack)):
+        LU, piv = A.copy(), np.zeros(n, dtype=np.int64)
+        info = run(lu_factor_into)(LU, piv)
+        x, y = b.copy(), b.copy()
+        run(lu_solve_into)(x, LU, piv)
+        run(lu_solve_transposed_into)(y, LU, piv)
+        out.extend([info, piv, LU, x, y])
+    assert loops[0] == lapack[0] == 0
+    np.testing.assert_array_equal(loops[1], lapack[1])
+    for want, got in zip(loops[2:], lapack[2:]):
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12)
+    singular = np.array([[1.0, 2.0], [2.0, 4.0]])
+    assert python(lu_factor_into)(singular, np.zeros(2, dtype=np.int64)) == 2  # as the loop

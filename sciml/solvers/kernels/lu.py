@@ -7,6 +7,7 @@ handful of states), so the loops use this plain right-looking elimination.
 Both kernels work in place on caller-owned buffers and allocate nothing.
 """
 
+from sciml._interpret import stand_in
 from sciml._jit import jit
 
 
@@ -125,3 +126,37 @@ def lu_solve_transposed_into(x, LU, piv):
             tmp = x[k]
             x[k] = x[p]
             x[p] = tmp
+
+
+# The interpreter's versions (`sciml._interpret`: the calls made while the engine
+# compiles): LAPACK's getrf / getrs, with the same pivoting (row k swapped with row piv[k]
+# at step k), 1-2 us a call where the loops above, interpreted, take 20-100 us at 9
+# states. The LU is the same matrix up to rounding.
+
+
+def _lapack(name):
+    from scipy.linalg import lapack
+
+    return getattr(lapack, name)
+
+
+@stand_in(lu_factor_into)
+def _factor_lapack(A, piv):
+    if A.shape[0] == 0:
+        return 0
+    lu, p, info = _lapack("dgetrf")(A)
+    A[...] = lu
+    piv[:] = p
+    return int(info)  # > 0: the first zero pivot's column + 1, as above
+
+
+def _solver_lapack(trans):
+    def solve(x, LU, piv):
+        if x.shape[0] > 0:
+            x[:] = _lapack("dgetrs")(LU, piv, x, trans=trans)[0]
+
+    return solve
+
+
+stand_in(lu_solve_into)(_solver_lapack(0))
+stand_in(lu_solve_transposed_into)(_solver_lapack(1))
