@@ -43,6 +43,7 @@ caches: load, first llh, first llh + gradient (``results/compile_latency_collect
 import glob
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -168,11 +169,30 @@ def _run(code, cache, interpret=False):
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONHASHSEED="0",
                SCIML_INTERPRET="1" if interpret else "0")
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code + _REPORT], env=env, check=True,
-                         capture_output=True, text=True).stdout
+    proc = subprocess.Popen([sys.executable, "-c", code + _REPORT], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    out, err = proc.communicate()
     wall = time.perf_counter() - t0
+    _wait_for_group(proc.pid)
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, proc.args, out, err)
     line = next(s for s in out.splitlines() if s.startswith("MARKS "))
     return wall, json.loads(line[6:])
+
+
+def _wait_for_group(pgid, timeout=600.0):
+    """Until the process group ``pgid`` is gone: a process's background compiler
+    (`sciml._tier`) finishes the loop it is compiling after its parent has ended, into the
+    cache folder the caller is about to remove (and its compile would load the next run)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.killpg(pgid, signal.SIGKILL)
 
 
 class _Salt:
