@@ -15,7 +15,9 @@ and it runs compiled: it waits for the background process if that has begun the 
 else compiles the loop here (the background process is busy with others, and this core
 would only wait). The background process compiles meanwhile, so on two cores a call
 that stops has lost nothing but its copies of the arguments.
-The background process stops when this one ends: what it finished stays cached.
+The background process ends after this one, once the loop it is compiling is done: what
+it finished stays cached (a script that then removes the cache folder must wait for it,
+as `benchmarks.compile_latency` waits for its runs' process groups).
 
 Interpreted and compiled results differ in the last bits (fastmath), which is enough to
 send an optimiser down another path: a fit (`compiled_only`, on `sciml.fit` and
