@@ -82,8 +82,8 @@ _PY = {}  # id(engine object) -> (object, its interpreted version)
 
 def stand_in(intrinsic):
     """Decorator: the plain-Python function that ``intrinsic`` means to the interpreter;
-    also for a compiled function whose loops the interpreter runs far slower than a
-    library call doing the same (the dense LU's: LAPACK)."""
+    also for an engine function whose loops the interpreter runs far slower than numpy
+    or a library call doing the same (the dense LU's: LAPACK)."""
 
     def register(fn):
         _STAND_INS[intrinsic] = fn
@@ -230,7 +230,9 @@ def python(obj):
         out = _STAND_INS.get(obj) or python(obj.py_func)
     elif isinstance(obj, pytypes.FunctionType):
         choose = _overload_of(obj)
-        if choose is not None:
+        if obj in _STAND_INS:
+            out = _STAND_INS[obj]
+        elif choose is not None:
             out = _Chosen(choose)
         elif _is_engine(obj.__globals__.get("__name__")):
             return _rebind(obj)

@@ -293,3 +293,23 @@ print(json.dumps({"child": float(child), "background": _tier._COMPILER.proc is n
 def test_a_forked_child_runs_without_its_parents_background_process():
     out = _run(_FORK, timeout=180)  # a lock held at the fork would hang the child
     assert out["background"] and out["child"] < 1e-7
+
+
+def test_the_rosenbrock_interpolants_numpy_stand_in_agrees_with_its_loops():
+    """What the interpreter runs for `ros._step_interp` (one matrix product and a Horner
+    sum) against the loops, at both ends of a step and inside, for fewer outputs than
+    the stages' columns too."""
+    from sciml._interpret import python
+    from sciml.solvers.kernels import ros
+    from sciml.solvers.tableaus import RODAS5
+
+    assert python(ros._step_interp) is ros._step_interp_numpy
+    tab, rng = RODAS5._engine, np.random.default_rng(0)
+    for n, cols in ((9, 9), (3, 5)):
+        K = rng.standard_normal((len(tab.c), cols))
+        z, znew = rng.standard_normal(cols), rng.standard_normal(cols)
+        for theta in (0.0, 0.3, 1.0):
+            loops, numpy_ = np.zeros(n), np.full(n, np.nan)
+            ros._step_interp(tab, loops, theta, 0.1, z, znew, K, None)
+            ros._step_interp_numpy(tab, numpy_, theta, 0.1, z, znew, K, None)
+            np.testing.assert_allclose(numpy_, loops, rtol=1e-13, atol=1e-14)
