@@ -76,7 +76,7 @@ class deadline:
         _DEADLINE.at, _DEADLINE.until = self.saved
 
 
-_STAND_INS = {}  # intrinsic or dispatcher -> its Python stand-in
+_STAND_INS = {}  # intrinsic, dispatcher or engine function -> its Python stand-in
 _PY = {}  # id(engine object) -> (object, its interpreted version)
 
 
@@ -224,15 +224,15 @@ def python(obj):
     hit = _PY.get(id(obj))
     if hit is not None and hit[0] is obj:
         return hit[1]
-    if isinstance(obj, _Intrinsic):
-        out = _STAND_INS.get(obj) or _refuse(obj._name)
+    if isinstance(obj, (_Intrinsic, Dispatcher, pytypes.FunctionType)) and obj in _STAND_INS:
+        out = _STAND_INS[obj]
+    elif isinstance(obj, _Intrinsic):
+        out = _refuse(obj._name)
     elif isinstance(obj, Dispatcher):
-        out = _STAND_INS.get(obj) or python(obj.py_func)
+        out = python(obj.py_func)
     elif isinstance(obj, pytypes.FunctionType):
         choose = _overload_of(obj)
-        if obj in _STAND_INS:
-            out = _STAND_INS[obj]
-        elif choose is not None:
+        if choose is not None:
             out = _Chosen(choose)
         elif _is_engine(obj.__globals__.get("__name__")):
             return _rebind(obj)

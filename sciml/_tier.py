@@ -52,7 +52,8 @@ ENABLED = os.environ.get("SCIML_INTERPRET", "1") != "0"
 ALWAYS = os.environ.get("SCIML_INTERPRET") == "always"
 
 
-def _cores():
+def usable_cores():
+    """The cores this process may run on (its affinity where the platform has one)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # (not on every platform)
@@ -62,7 +63,7 @@ def _cores():
 #: seconds a loop's interpreted calls may take before it waits for its compile: on one
 #: core they delay the compile by as much, on more they run beside it (Schwen_PONE2014's
 #: first gradient, 14 s interpreted, came 27 s after its load with 10 s, 16 s with 30)
-LIMIT = 30.0 if _cores() > 1 else 10.0
+LIMIT = 30.0 if usable_cores() > 1 else 10.0
 WAIT = 600.0  # seconds a call waits for the background compile before it compiles itself
 
 

@@ -74,6 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ._tier import usable_cores
 from ._validate import integer, number
 from .fit import _check_problems, fit
 from .solvers import Solver
@@ -613,7 +614,7 @@ def run_starts(task, X, client=None, results=None, progress=True, workers=None,
 
     try:
         if todo:
-            n = workers or _cores()
+            n = workers or usable_cores()
             if client_kind == "threads":
                 _run_threads(task, X, todo, n, finished)
             else:
@@ -623,13 +624,6 @@ def run_starts(task, X, client=None, results=None, progress=True, workers=None,
         if bar is not None:
             bar.close()
     return MultistartResult(list(done.values()), time.perf_counter() - t_start, n_resumed)
-
-
-def _cores():
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
 
 
 def _bar(progress, total, done):

@@ -31,9 +31,9 @@ def _log(x, base=None):
     return sympy.log(x) if base is None else sympy.log(x, base)
 
 
-_FUNCTIONS = {"exp": (1, sympy.exp), "sqrt": (1, sympy.sqrt), "ln": (1, _log),
-              "log": ((1, 2), _log), "log10": (1, lambda x: _log(x, 10)),
-              "log2": (1, lambda x: _log(x, 2))}
+_FUNCTIONS = {"exp": ((1,), sympy.exp), "sqrt": ((1,), sympy.sqrt), "ln": ((1,), _log),
+              "log": ((1, 2), _log), "log10": ((1,), lambda x: _log(x, 10)),
+              "log2": ((1,), lambda x: _log(x, 2))}  # name: (argument counts, function)
 
 
 class _Other(Exception):
@@ -70,8 +70,8 @@ def _build(node, src):
         return sympy.Float(token)
     if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords
             and node.func.id in _FUNCTIONS):
-        arity, fn = _FUNCTIONS[node.func.id]
-        if len(node.args) not in (arity if isinstance(arity, tuple) else (arity,)):
+        counts, fn = _FUNCTIONS[node.func.id]
+        if len(node.args) not in counts:
             raise _Other
         return fn(*(_build(a, src) for a in node.args))
     raise _Other

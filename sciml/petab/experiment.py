@@ -256,12 +256,14 @@ class _Bound:
         self.shared = shared
         self.numbers = numbers
 
+    def _with_numbers(self, a):
+        return np.concatenate([np.asarray(a, dtype=np.float64), self.numbers])
+
     def value(self, a):
-        return self.shared.value(np.concatenate([np.asarray(a, dtype=np.float64), self.numbers]))
+        return self.shared.value(self._with_numbers(a))
 
     def jacobian(self, a):
-        return self.shared.jacobian(
-            np.concatenate([np.asarray(a, dtype=np.float64), self.numbers]))
+        return self.shared.jacobian(self._with_numbers(a))
 
 
 class _lambdify:

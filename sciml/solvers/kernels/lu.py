@@ -7,6 +7,8 @@ handful of states), so the loops use this plain right-looking elimination.
 Both kernels work in place on caller-owned buffers and allocate nothing.
 """
 
+import functools
+
 from sciml._interpret import stand_in
 from sciml._jit import jit
 
@@ -134,6 +136,7 @@ def lu_solve_transposed_into(x, LU, piv):
 # states. The LU is the same matrix up to rounding.
 
 
+@functools.cache  # once: the stand-ins are called at every step
 def _lapack(name):
     from scipy.linalg import lapack
 
