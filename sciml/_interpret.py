@@ -51,9 +51,16 @@ class TooSlow(Exception):
 _DEADLINE = threading.local()  # per thread: when `interrupt` raises
 
 
+_TICKS = [0]  # calls of `interrupt`: it looks at the clock at every 16th
+
+
 def interrupt():
     """Raise `TooSlow` past the deadline, or once its event is set; called by the kernel
-    calls' stand-ins, which every loop makes often."""
+    calls' stand-ins, which every loop makes often (a few microseconds apart: it looks
+    at every 16th, as often as a loop's step)."""
+    _TICKS[0] += 1
+    if _TICKS[0] & 15:
+        return
     d = _DEADLINE
     if time.perf_counter() > getattr(d, "at", math.inf) or (
             getattr(d, "until", None) is not None and d.until.is_set()):
@@ -150,6 +157,12 @@ class _Chosen:
         self.impls = {}
 
     def __call__(self, *args):
+        impl = self.impls.get(tuple(map(_key, args)))
+        return (impl or self.impl(*args))(*args)
+
+    def impl(self, *args):
+        """The interpreted implementation for ``args``' types: for a caller that calls it
+        again and again with arguments of the same types (a Rosenbrock step's stages)."""
         key = tuple(map(_key, args))
         impl = self.impls.get(key)
         if impl is None:
@@ -157,7 +170,7 @@ class _Chosen:
             if chosen is None:
                 raise NotInterpretable(f"no implementation of {self.choose.__name__} for {key}")
             impl = self.impls[key] = python(chosen)
-        return impl(*args)
+        return impl
 
 
 _OVERLOADS = {}  # id(stub) -> (stub, the overload function numba registered for it)

@@ -16,7 +16,6 @@ e.g. decay on some layers only, or a prior on a mechanistic parameter).
 The optimizers then minimise loss + penalty; the result reports both.
 """
 
-import contextlib
 import math
 import numbers
 import time
@@ -26,7 +25,7 @@ import numpy as np
 
 from nets import LBFGS
 
-from ._tier import compiled_only
+from ._tier import compiled_only, one_blas_thread
 from ._validate import float_vector, integer, positive_int, positive_number
 from .data import Data
 from .problem import ODEProblem, problem_list
@@ -464,22 +463,8 @@ def _run_minimizer(st, opt, theta):
     def cb(it, p, val):
         return st.iteration(p, float(val))
 
-    with _one_blas_thread():
+    with one_blas_thread():  # its products, of n_params, are too small to share
         opt.minimize(fun_and_grad, theta, cb)
-
-
-def _one_blas_thread():
-    """One BLAS thread while scipy's L-BFGS-B runs, where threadpoolctl is installed.
-
-    Its linear algebra is on vectors of n_params and (n_params, 10) matrices:
-    several OpenBLAS threads make every step slower (by up to 100x on a busy
-    2-core machine), never faster.
-    """
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(1, user_api="blas")
 
 
 def _bar(progress, optimizers):

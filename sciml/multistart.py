@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._tier import usable_cores
+from ._tier import one_blas_thread, usable_cores
 from ._validate import integer, number
 from .fit import _check_problems, fit
 from .solvers import Solver
@@ -486,13 +486,6 @@ def failed_start(k, x0, error, seconds):
     """The `StartFit` of a start whose fit raised ``error``."""
     return StartFit(k, x0, x0.copy(), math.inf, 0.0, math.inf, np.zeros(0), 0, 0, "error",
                     "failed", f"{type(error).__name__}: {error}", seconds)
-
-
-def one_blas_thread():
-    """A context in which BLAS runs on one thread (the starts fill the cores)."""
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(1, user_api="blas")
 
 
 # ----------------------------------------------------------------------------- entry

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sciml._interpret import python, stand_in
 from sciml._jit import jit
 from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.family import step_interp, stored_state
@@ -41,7 +42,8 @@ from sciml.solvers.kernels.linsolve import (
     lin_solve2,
     lin_solve_t,
 )
-from sciml.solvers.kernels.structs import BoundModel, Record
+from sciml.solvers.kernels.lu import lu_solve_into
+from sciml.solvers.kernels.structs import BoundModel, Lin, Record
 from sciml.solvers.kernels.system import never, no_accept, register, sys_event, sys_f
 
 # QUADPACK's 15-point Kronrod rule and its embedded 7-point Gauss rule on [-1, 1]
@@ -183,6 +185,19 @@ def _adjoint_rhs(a, out, lam, u, t, with_mu):
     if with_mu:
         for i in range(p.shape[0]):
             out[n + i] = p[i]
+
+
+@stand_in(_adjoint_rhs)
+def _adjoint_rhs_numpy(a, out, lam, u, t, with_mu):
+    # the interpreter's (`sciml._interpret`): the copies as slices
+    n = lam.shape[0]
+    p = a.pscr
+    p[:] = 0.0
+    ub = a.rows[UBAR]
+    python(calls.vjp)(a.m, ub[:n], p, lam, u, t)
+    out[:n] = ub[:n]
+    if with_mu:
+        out[n:n + p.shape[0]] = p
 
 
 @jit(inline="always")
@@ -554,6 +569,60 @@ def _sens_coupling(sys, r, xu):
             for l in range(n):
                 acc += hu[l] * S0[l, j]
             r[o + j] += acc
+
+
+# The interpreter's versions (`sciml._interpret`): S as an (n, k) matrix, its products
+# and (dense LU) its k solves each one numpy or LAPACK call; the loops above, interpreted,
+# take n n k steps a stage.
+
+
+@stand_in(_sens_f)
+def _sens_f_numpy(sys, out, z, t, k):
+    n, npar = sys.S0.shape
+    u = sys.rows[0][:n]
+    u[:] = z[:n]
+    du = sys.rows[1][:n]
+    python(sys_f)(sys.fsys, du, u, t, k)
+    python(calls.jac)(sys.m, sys.J, u, t)
+    python(calls.paramjac)(sys.m, sys.Jp, u, t)
+    out[:n] = du
+    S = z[n:n + n * npar].reshape(n, npar)
+    out[n:n + n * npar] = (sys.Jp[:, sys.cols] + sys.J @ S).ravel()
+
+
+@stand_in(_sens_solve)
+def _sens_solve_numpy(sys, r):
+    n, npar = sys.S0.shape
+    xu = r[:n]
+    python(lin_solve)(sys.lin, xu)
+    if sys.coupled:
+        python(_sens_coupling)(sys, r, xu)
+    S = r[n:n + n * npar].reshape(n, npar)
+    if type(sys.lin) is Lin:  # the k columns in one LAPACK call
+        python(lu_solve_into)(S, sys.lin.W1, sys.lin.piv1)
+        return
+    col = sys.rows[3][:n]
+    for j in range(npar):
+        col[:] = S[:, j]
+        python(lin_solve)(sys.lin, col)
+        S[:, j] = col
+
+
+@stand_in(_sens_coupling)
+def _sens_coupling_numpy(sys, r, xu):
+    n, npar = sys.S0.shape
+    v = sys.rows[0][:n]
+    v[:] = xu
+    e, hu, u = sys.rows[3][:n], sys.rows[1][:n], sys.rows[2][:n]
+    p = sys.pscr
+    S = r[n:n + n * npar].reshape(n, npar)
+    hvp = python(calls.hvp)
+    for i in range(n):
+        e[:] = 0.0
+        e[i] = 1.0
+        p[:] = 0.0
+        hvp(sys.m, hu, p, e, v, u, sys.at[0])
+        S[i] += p[sys.cols] + hu @ sys.S0
 
 
 def _sens_autonomous(sys):

@@ -8,7 +8,8 @@ import time
 
 import numpy as np
 
-from sciml.multistart import StartFit, failed_start, one_blas_thread, run_starts
+from sciml._tier import one_blas_thread
+from sciml.multistart import StartFit, failed_start, run_starts
 
 __all__ = ["fit_multistart"]
 

@@ -9,6 +9,8 @@ Both kernels work in place on caller-owned buffers and allocate nothing.
 
 import functools
 
+import numpy as np
+
 from sciml._interpret import stand_in
 from sciml._jit import jit
 
@@ -137,17 +139,18 @@ def lu_solve_transposed_into(x, LU, piv):
 
 
 @functools.cache  # once: the stand-ins are called at every step
-def _lapack(name):
-    from scipy.linalg import lapack
+def lapack(name):
+    """LAPACK's routine ``name`` (scipy's wrapper), for the interpreter's stand-ins."""
+    from scipy.linalg import lapack as routines
 
-    return getattr(lapack, name)
+    return getattr(routines, name)
 
 
 @stand_in(lu_factor_into)
 def _factor_lapack(A, piv):
     if A.shape[0] == 0:
         return 0
-    lu, p, info = _lapack("dgetrf")(A)
+    lu, p, info = lapack("dgetrf")(A)
     A[...] = lu
     piv[:] = p
     return int(info)  # > 0: the first zero pivot's column + 1, as above
@@ -156,10 +159,17 @@ def _factor_lapack(A, piv):
 def _solver_lapack(trans):
     def solve(x, LU, piv):
         if x.shape[0] > 0:
-            x[:] = _lapack("dgetrs")(LU, piv, x, trans=trans)[0]
+            x[:] = lapack("dgetrs")(LU, piv, x, trans=trans)[0]
 
     return solve
 
 
 stand_in(lu_solve_into)(_solver_lapack(0))
 stand_in(lu_solve_transposed_into)(_solver_lapack(1))
+
+
+@stand_in(factor_shifted_into)
+def _factor_shifted_lapack(W, J, ihg, mass, sign, piv):
+    np.multiply(J, sign, out=W)
+    W.flat[::W.shape[0] + 1] += ihg if mass.shape[0] == 0 else ihg * mass
+    return _factor_lapack(W, piv) == 0

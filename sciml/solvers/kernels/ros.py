@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from sciml._interpret import stand_in
+from sciml._interpret import python, stand_in
 from sciml._jit import borrow, jit
 
 from .control import (
@@ -110,6 +110,35 @@ def ros_step(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     return s - 1
 
 
+@stand_in(ros_step)
+def _ros_step_numpy(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
+    # the interpreter's (`sciml._interpret`): each stage's sums as matrix products and the
+    # system's hooks chosen once a step, ~3x quicker than the loops interpreted
+    s = len(tab.c)
+    nz = z.shape[0]
+    f = python(sys_f).impl(sys, r, U, t, k)
+    solve = python(sys_solve).impl(sys, r)
+    mass = python(sys_mass)(sys)
+    a, C = tab.a.reshape(s, s), tab.C.reshape(s, s)
+    Kz, rz = K[:, :nz], r[:nz]
+    ih = 1.0 / h
+    for st in range(s):
+        if st == 0:
+            rz[:] = f0[:nz]
+        else:
+            U[:nz] = z + a[st, :st] @ Kz[:st]
+            f(sys, r, U, t + tab.c[st] * h, k)
+            acc = (C[st, :st] * ih) @ Kz[:st]
+            rz += acc if mass.shape[0] == 0 else mass * acc
+        if nonauto:
+            rz += (h * tab.d[st]) * dT[:nz]
+        solve(sys, r)
+        Kz[st] = rz
+    znew[:nz] = z + tab.b @ Kz[:s]
+    err[:nz] = tab.e @ Kz[:s]
+    return s - 1
+
+
 @jit(inline="always")
 def ros_dense_rows(tab, D, znew, K):
     """A step's stored rows: ``D[0] = znew``, ``D[1 + j] = sum_i H[j, i] K_i``."""
@@ -125,6 +154,16 @@ def ros_dense_rows(tab, D, znew, K):
             D[1 + jh, m] = acc
 
 
+@stand_in(ros_dense_rows)
+def _ros_dense_rows_numpy(tab, D, znew, K):
+    # the interpreter's: the rows as one matrix product
+    s = len(tab.c)
+    nh = len(tab.H) // s
+    n = znew.shape[0]
+    D[0, :n] = znew
+    D[1:1 + nh, :n] = tab.H.reshape(nh, s) @ K[:s, :n]
+
+
 @jit(inline="always")
 def ros_interp(out, theta, z0, D):
     """The interpolant at ``theta`` from the step's start ``z0`` and stored rows ``D``."""
@@ -135,6 +174,19 @@ def ros_interp(out, theta, z0, D):
         for j in range(nd - 2, 0, -1):
             acc = D[j, m] + theta * acc
         out[m] = th1 * z0[m] + theta * (D[0, m] + th1 * acc)
+
+
+@stand_in(ros_interp)
+def _ros_interp_numpy(out, theta, z0, D):
+    # the interpreter's: the Horner sum as weights on D's rows, one vector product
+    n = out.shape[0]
+    th1 = 1.0 - theta
+    w = [theta]
+    c = theta * th1
+    for _ in range(1, D.shape[0]):
+        w.append(c)
+        c *= theta
+    out[:] = th1 * z0[:n] + np.dot(w, D[:, :n])
 
 
 @jit(inline="always")

@@ -28,7 +28,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sciml._interpret import python, stand_in
 from sciml._jit import jit
+
+from .lu import lapack
 
 
 class SparseLU(NamedTuple):
@@ -276,3 +279,48 @@ def solve_transposed(s, LU, x):
     for i in range(n):
         x[perm[i]] = w[i]
         w[i] = 0.0
+
+
+# The interpreter's versions (`sciml._interpret`: the calls made while the engine
+# compiles). The loops above, interpreted, take a Python step per entry of the factors
+# (Laske_PLOSComputBiol2019's 34 states: 60 % of an interpreted gradient). Up to
+# `DENSE_MAX` states the stand-ins factor W densely by LAPACK (getrf, with partial
+# pivoting where the loops keep the diagonal: the same solutions up to rounding) and keep
+# that factorisation beside the values' array for the solves (getrs). The values' array
+# is filled with NaN meanwhile: nothing reads it as a factorisation, and a solve finds
+# the dense one only while it holds the NaN (a compiled refactorisation overwrites it).
+# The incomplete LU (`krylov`'s preconditioner) and larger systems run the loops.
+
+DENSE_MAX = 200
+_DENSE = {}  # id(LU) -> (LU, W's dense LU, its pivots)
+
+
+@stand_in(factor)
+def _factor_dense(s, LU, ihg, sign):
+    n = s.diag.shape[0]
+    if s.mark.shape[0] > 0 or n > DENSE_MAX:
+        _DENSE.pop(id(LU), None)
+        return python(factor.py_func)(s, LU, ihg, sign)
+    W = np.zeros((n, n))
+    W[np.repeat(np.arange(n), np.diff(s.jptr)), s.jidx] = sign * s.Jx
+    W.flat[::n + 1] += ihg if s.mass.shape[0] == 0 else ihg * s.mass
+    lu, piv, info = lapack("dgetrf")(W)
+    LU[:] = np.nan
+    if len(_DENSE) > 32:  # (it holds the arrays)
+        _DENSE.clear()
+    _DENSE[id(LU)] = LU, lu, piv
+    return info == 0 and bool(np.isfinite(lu).all())
+
+
+def _dense_solver(loops, trans):
+    def solve_dense(s, LU, x):
+        hit = _DENSE.get(id(LU))
+        if hit is None or hit[0] is not LU or not np.isnan(LU[0]):
+            return python(loops.py_func)(s, LU, x)
+        x[:] = lapack("dgetrs")(hit[1], hit[2], x, trans=trans)[0]
+
+    return solve_dense
+
+
+_solve_dense = stand_in(solve)(_dense_solver(solve, 0))
+_solve_transposed_dense = stand_in(solve_transposed)(_dense_solver(solve_transposed, 1))

@@ -1,0 +1,142 @@
+"""The interpreter's stand-ins (`sciml._interpret.stand_in`): numpy and LAPACK for the
+engine functions whose loops it runs slowly, against those loops run by the same
+interpreter.
+
+Whole solves and gradients run interpreted (``sciml._tier.ALWAYS``: nothing is
+compiled) twice, with and without the stand-ins, through every place they stand in:
+the Rosenbrock step, its rows and interpolant, the shifted factorisation, the sparse LU
+(dense by LAPACK; the incomplete one of the Krylov solves by its loops), forward
+sensitivities (dense LU: their columns in one solve; sparse LU: column by column), the
+adjoints' right-hand side, a mass matrix, a non-autonomous model. The pieces that take
+arrays only are checked on their own too.
+"""
+
+import numpy as np
+import pytest
+
+import adjoints
+import sciml
+from adjoints.kernels import systems
+from sciml import _interpret
+from sciml.solvers.kernels import lu, ros, sparse
+from sciml.solvers.tableaus import RODAS5
+
+STANDING_IN = {ros.ros_step: ros._ros_step_numpy, ros.ros_interp: ros._ros_interp_numpy,
+               ros.ros_dense_rows: ros._ros_dense_rows_numpy,
+               lu.factor_shifted_into: lu._factor_shifted_lapack,
+               systems._adjoint_rhs: systems._adjoint_rhs_numpy,
+               systems._sens_f: systems._sens_f_numpy,
+               systems._sens_solve: systems._sens_solve_numpy,
+               systems._sens_coupling: systems._sens_coupling_numpy,
+               sparse.factor: sparse._factor_dense, sparse.solve: sparse._solve_dense,
+               sparse.solve_transposed: sparse._solve_transposed_dense}
+
+
+def _forced():
+    def f(u, p, t):
+        x, v = u
+        return [v, -p.k * x - p.c * v + p.a * np.sin(2.0 * t)]
+
+    m = sciml.Model(f, ["x", "v"], ["k", "c", "a"])
+    t = np.linspace(0.3, 4.0, 9)
+    prob = sciml.ODEProblem(m, [1.0, 0.0], (0.0, 4.0), [30.0, 0.8, 2.0])
+    return prob, sciml.Data(t, np.column_stack([np.cos(t), -np.sin(t)]))
+
+
+def _dae():
+    def f(u, p, t):
+        a, b, c = u
+        return [-p.k1 * a + p.k3 * b * c, p.k1 * a - p.k2 * b * b - p.k3 * b * c,
+                a + b + c - 1.0]
+
+    m = sciml.Model(f, ["a", "b", "c"], ["k1", "k2", "k3"], mass_matrix=[1.0, 1.0, 0.0])
+    return sciml.ODEProblem(m, [1.0, 0.0, 0.0], (0.0, 40.0), [0.04, 3e7, 1e4])
+
+
+def _runs(stand_ins):
+    """Every case's results, interpreted, with or without the stand-ins under test."""
+    prob, data = _forced()
+    kw = dict(rtol=1e-8, atol=1e-10)
+    out = {"forced": sciml.solve(prob, sciml.Rodas5(), saveat=data.t, **kw).u}
+    for name, solver in (("dense", sciml.Rodas5()), ("sparse", sciml.Rodas5(linsolve="sparse")),
+                         ("krylov", sciml.Rodas5(linsolve="krylov"))):
+        for m in (adjoints.ForwardSensitivity, adjoints.GaussAdjoint,
+                  adjoints.InterpolatingAdjoint, adjoints.DiscreteAdjoint):
+            if name != "dense" and m is adjoints.DiscreteAdjoint:
+                continue
+            v, g = sciml.loss_and_grad(prob, data, solver=solver, sensealg=m(), **kw)
+            out[f"{name} {m.__name__}"] = [v, *g]
+    out["dae"] = sciml.solve(_dae(), sciml.Rodas5(), rtol=1e-8, atol=1e-12,
+                             saveat=[1e-3, 0.1, 1.0, 40.0]).u
+    return {k: np.asarray(v, dtype=float) for k, v in out.items()}
+
+
+def _interpreted(stand_ins):
+    """`_runs` in this process with every engine function interpreted afresh (run under
+    ``SCIML_INTERPRET=always``, where nothing of the engine compiles)."""
+    saved = _interpret._PY.copy(), _interpret._STAND_INS.copy()
+    _interpret._PY.clear()
+    if not stand_ins:
+        for fn in STANDING_IN:
+            del _interpret._STAND_INS[fn]
+    try:
+        for fn, numpy_ in STANDING_IN.items():
+            assert (_interpret.python(fn) is numpy_) == stand_ins
+        return {k: v.tolist() for k, v in _runs(stand_ins).items()}
+    finally:
+        for d, old in zip((_interpret._PY, _interpret._STAND_INS), saved):
+            d.clear()
+            d.update(old)
+
+
+_SCRIPT = """
+import json
+from tests.sciml import test_stand_ins as t, test_tier
+out = {"loops": t._interpreted(False), "numpy": t._interpreted(True)}
+out["compiled"] = test_tier._compiled_engine_functions()
+print(json.dumps(out))
+"""
+
+
+def test_whole_solves_and_gradients_agree_with_and_without_the_stand_ins():
+    from .test_tier import _run
+
+    out = _run(_SCRIPT, SCIML_INTERPRET="always")
+    assert out["compiled"] == []  # all of it interpreted: loops against stand-ins
+    loops, numpy_ = out["loops"], out["numpy"]
+    assert loops.keys() == numpy_.keys()
+    for key, want in loops.items():
+        assert np.all(np.isfinite(want)), key
+        # the same arithmetic summed in another order: last bits, which a step's
+        # acceptance can carry a little further
+        np.testing.assert_allclose(numpy_[key], want, rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_the_step_rows_and_interpolant_agree_with_their_loops():
+    tab, rng = RODAS5._engine, np.random.default_rng(1)
+    s, nh = len(tab.c), len(tab.H) // len(tab.c)
+    for n, cols in ((9, 9), (3, 5)):  # fewer outputs than the rows' columns too
+        K, znew = rng.standard_normal((s, cols)), rng.standard_normal(n)
+        D1, D2 = np.zeros((1 + nh, cols)), np.full((1 + nh, cols), 7.0)
+        ros.ros_dense_rows.py_func(tab, D1, znew, K)
+        ros._ros_dense_rows_numpy(tab, D2, znew, K)
+        np.testing.assert_allclose(D2[:, :n], D1[:, :n], rtol=1e-13, atol=1e-14)
+        assert np.all(D2[:, n:] == 7.0)  # columns past the state's untouched
+        z0 = rng.standard_normal(cols)
+        for theta in (0.0, 0.4, 1.0):
+            a, b = np.zeros(n), np.full(n, np.nan)
+            ros.ros_interp.py_func(a, theta, z0, D1)
+            ros._ros_interp_numpy(b, theta, z0, D1)
+            np.testing.assert_allclose(b, a, rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("mass", [None, [1.0, 0.0, 2.5, 1.0]])
+@pytest.mark.parametrize("sign", [-1.0, 1.0])
+def test_the_shifted_factorisation_agrees_with_its_loops(mass, sign):
+    J = np.random.default_rng(2).standard_normal((4, 4))
+    mass = np.array([] if mass is None else mass)
+    (W1, p1), (W2, p2) = [(np.zeros((4, 4)), np.zeros(4, dtype=np.int64)) for _ in range(2)]
+    ok = lu.factor_shifted_into.py_func(W1, J, 3.0, mass, sign, p1)
+    assert ok == lu._factor_shifted_lapack(W2, J, 3.0, mass, sign, p2)
+    np.testing.assert_array_equal(p2, p1)
+    np.testing.assert_allclose(W2, W1, rtol=1e-12, atol=1e-14)
