@@ -63,19 +63,20 @@ def usable_cores():
 
 
 @functools.cache
-def _blas():
-    import scipy.linalg.lapack  # noqa: F401  (scipy's BLAS loaded before it is looked for)
+def _blas(with_scipy):
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController()
+    return ThreadpoolController()  # the BLAS libraries loaded now
 
 
 def one_blas_thread():
     """A context in which BLAS runs on one thread: for work that fills the cores already
     (multistart's fits), or whose products are too small to share (L-BFGS-B's, and the
     interpreted engine's stand-ins, whose second BLAS thread only contends with the
-    background compile: Beer_MolBioSystems2014's interpreted gradient 3.3x slower)."""
-    return _blas().limit(limits=1, user_api="blas")
+    background compile: Beer_MolBioSystems2014's interpreted gradient 3.3x slower).
+    scipy's own BLAS is limited once `scipy.linalg` is loaded (not imported for it: 0.08
+    s of a cold first call that may not need it)."""
+    return _blas("scipy.linalg" in sys.modules).limit(limits=1, user_api="blas")
 
 
 #: seconds a loop's interpreted calls may take before it waits for its compile: on one
