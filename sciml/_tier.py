@@ -64,9 +64,11 @@ def usable_cores():
 
 @functools.cache
 def _blas(with_scipy):
+    """threadpoolctl's controller of the BLAS libraries loaded now (``with_scipy``: a key,
+    whether scipy's is among them)."""
     from threadpoolctl import ThreadpoolController
 
-    return ThreadpoolController()  # the BLAS libraries loaded now
+    return ThreadpoolController()
 
 
 def one_blas_thread():

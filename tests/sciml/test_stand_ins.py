@@ -2,13 +2,13 @@
 engine functions whose loops it runs slowly, against those loops run by the same
 interpreter.
 
-Whole solves and gradients run interpreted (``sciml._tier.ALWAYS``: nothing is
+Whole solves and gradients run interpreted (``SCIML_INTERPRET=always``: nothing is
 compiled) twice, with and without the stand-ins, through every place they stand in:
 the Rosenbrock step, its rows and interpolant, the shifted factorisation, the sparse LU
 (dense by LAPACK; the incomplete one of the Krylov solves by its loops), forward
 sensitivities (dense LU: their columns in one solve; sparse LU: column by column), the
-adjoints' right-hand side, a mass matrix, a non-autonomous model. The pieces that take
-arrays only are checked on their own too.
+adjoints' right-hand side, BDF's Newton iterations, a mass matrix, a non-autonomous
+model. The pieces that take arrays only are checked on their own too.
 """
 
 import numpy as np
@@ -58,6 +58,9 @@ def _runs(stand_ins):
     prob, data = _forced()
     kw = dict(rtol=1e-8, atol=1e-10)
     out = {"forced": sciml.solve(prob, sciml.Rodas5(), saveat=data.t, **kw).u}
+    for linsolve in ("dense", "sparse"):  # BDF's Newton iterations on both LUs
+        out[f"bdf {linsolve}"] = sciml.solve(prob, sciml.BDF(linsolve=linsolve),
+                                             saveat=data.t, **kw).u
     for name, solver in (("dense", sciml.Rodas5()), ("sparse", sciml.Rodas5(linsolve="sparse")),
                          ("krylov", sciml.Rodas5(linsolve="krylov"))):
         for m in (adjoints.ForwardSensitivity, adjoints.GaussAdjoint,
