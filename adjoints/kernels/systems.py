@@ -615,14 +615,17 @@ def _sens_coupling_numpy(sys, r, xu):
     v[:] = xu
     e, hu, u = sys.rows[3][:n], sys.rows[1][:n], sys.rows[2][:n]
     p = sys.pscr
-    S = r[n:n + n * npar].reshape(n, npar)
     hvp = python(calls.hvp)
+    rows_u, rows_p = np.empty((n, n)), np.empty((n, npar))
+    e[:] = 0.0
     for i in range(n):
-        e[:] = 0.0
+        e[i - 1] = 0.0
         e[i] = 1.0
         p[:] = 0.0
         hvp(sys.m, hu, p, e, v, u, sys.at[0])
-        S[i] += p[sys.cols] + hu @ sys.S0
+        rows_u[i] = hu
+        rows_p[i] = p[sys.cols]
+    r[n:n + n * npar] += (rows_p + rows_u @ sys.S0).ravel()
 
 
 def _sens_autonomous(sys):

@@ -4,11 +4,11 @@ interpreter.
 
 Whole solves and gradients run interpreted (``SCIML_INTERPRET=always``: nothing is
 compiled) twice, with and without the stand-ins, through every place they stand in:
-the Rosenbrock step, its rows and interpolant, the shifted factorisation, the sparse LU
-(dense by LAPACK; the incomplete one of the Krylov solves by its loops), forward
-sensitivities (dense LU: their columns in one solve; sparse LU: column by column), the
-adjoints' right-hand side, BDF's Newton iterations, a mass matrix, a non-autonomous
-model. The pieces that take arrays only are checked on their own too.
+the Rosenbrock step, its rows, interpolant and error norm, the shifted factorisation,
+the sparse LU (dense by LAPACK; the incomplete one of the Krylov solves by its loops),
+forward sensitivities (dense LU: their columns in one solve; sparse LU: column by
+column), the adjoints' right-hand side, BDF's Newton iterations, a mass matrix, a
+non-autonomous model. The pieces that take arrays only are checked on their own too.
 """
 
 import numpy as np
@@ -18,7 +18,7 @@ import adjoints
 import sciml
 from adjoints.kernels import systems
 from sciml import _interpret
-from sciml.solvers.kernels import lu, ros, sparse
+from sciml.solvers.kernels import control, lu, ros, sparse
 from sciml.solvers.tableaus import RODAS5
 
 STANDING_IN = {ros.ros_step: ros._ros_step_numpy, ros.ros_interp: ros._ros_interp_numpy,
@@ -29,7 +29,9 @@ STANDING_IN = {ros.ros_step: ros._ros_step_numpy, ros.ros_interp: ros._ros_inter
                systems._sens_solve: systems._sens_solve_numpy,
                systems._sens_coupling: systems._sens_coupling_numpy,
                sparse.factor: sparse._factor_dense, sparse.solve: sparse._solve_dense,
-               sparse.solve_transposed: sparse._solve_transposed_dense}
+               sparse.solve_transposed: sparse._solve_transposed_dense,
+               control.err_norm2: control._err_norm2_numpy,
+               control.all_finite: control._all_finite_numpy}
 
 
 def _forced():

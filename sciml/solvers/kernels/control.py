@@ -11,6 +11,9 @@ inlined into the loops.
 
 import math
 
+import numpy as np
+
+from sciml._interpret import stand_in
 from sciml._jit import jit
 
 from .system import sys_f
@@ -48,6 +51,19 @@ def all_finite(z):
         if not math.isfinite(z[i]):
             return False
     return True
+
+
+@stand_in(err_norm2)
+def _err_norm2_numpy(ctl, err, z, znew):
+    # the interpreter's (`sciml._interpret`): the loops above as vector operations
+    n = ctl.atol.shape[0]
+    r = err[:n] / (ctl.atol + ctl.rtol * np.maximum(np.abs(z[:n]), np.abs(znew[:n])))
+    return float(r @ r) / max(n, 1)
+
+
+@stand_in(all_finite)
+def _all_finite_numpy(z):
+    return bool(np.isfinite(z).all())
 
 
 @jit(inline="always")

@@ -119,17 +119,18 @@ def _ros_step_numpy(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     f = python(sys_f).impl(sys, r, U, t, k)
     solve = python(sys_solve).impl(sys, r)
     mass = python(sys_mass)(sys)
-    a, C = tab.a.reshape(s, s), tab.C.reshape(s, s)
+    aC = np.stack((tab.a.reshape(s, s), tab.C.reshape(s, s)), axis=1)  # stage st's two sums
     Kz, rz = K[:, :nz], r[:nz]
     ih = 1.0 / h
     for st in range(s):
         if st == 0:
             rz[:] = f0[:nz]
         else:
-            U[:nz] = z + a[st, :st] @ Kz[:st]
+            sums = aC[st, :, :st] @ Kz[:st]
+            U[:nz] = z + sums[0]
             f(sys, r, U, t + tab.c[st] * h, k)
-            acc = (C[st, :st] * ih) @ Kz[:st]
-            rz += acc if mass.shape[0] == 0 else mass * acc
+            sums[1] *= ih
+            rz += sums[1] if mass.shape[0] == 0 else mass * sums[1]
         if nonauto:
             rz += (h * tab.d[st]) * dT[:nz]
         solve(sys, r)
