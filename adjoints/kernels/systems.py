@@ -171,6 +171,22 @@ def _u_at(a, out, t, k):
     a.hint[0] = j
 
 
+_STORED = {}  # id(adjoint struct) -> (it, the interpreted stored_state for its types)
+
+
+@stand_in(_u_at)
+def _u_at_chosen(a, out, t, k):
+    # the interpreter's (`sciml._interpret`): the forward store's implementation chosen once
+    # per adjoint struct (its store's types are fixed), not at each of ~10 calls a step
+    args = (a.ftab, a.fsys, a.frec, a.n_steps, out, t, a.fseg[k], a.hint[0], a.rows[TMP])
+    hit = _STORED.get(id(a))
+    if hit is None or hit[0] is not a:
+        if len(_STORED) > 32:  # (it holds the structs)
+            _STORED.clear()
+        hit = _STORED[id(a)] = a, python(stored_state).impl(*args)
+    a.hint[0] = hit[1](*args)
+
+
 @jit(inline="always")
 def _adjoint_rhs(a, out, lam, u, t, with_mu):
     """out[:n] = J(u)^T lam; out[n:] = (df/dp)^T lam when ``with_mu``."""

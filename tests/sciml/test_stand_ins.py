@@ -7,8 +7,9 @@ compiled) twice, with and without the stand-ins, through every place they stand 
 the Rosenbrock step, its rows, interpolant and error norm, the shifted factorisation,
 the sparse LU (dense by LAPACK; the incomplete one of the Krylov solves by its loops),
 forward sensitivities (dense LU: their columns in one solve; sparse LU: column by
-column), the adjoints' right-hand side, BDF's Newton iterations, a mass matrix, a
-non-autonomous model. The pieces that take arrays only are checked on their own too.
+column), the adjoints' right-hand side and forward state, BDF's Newton iterations, a
+mass matrix, a non-autonomous model. The pieces that take arrays only are checked on
+their own too.
 """
 
 import numpy as np
@@ -25,6 +26,7 @@ STANDING_IN = {ros.ros_step: ros._ros_step_numpy, ros.ros_interp: ros._ros_inter
                ros.ros_dense_rows: ros._ros_dense_rows_numpy,
                lu.factor_shifted_into: lu._factor_shifted_lapack,
                systems._adjoint_rhs: systems._adjoint_rhs_numpy,
+               systems._u_at: systems._u_at_chosen,
                systems._sens_f: systems._sens_f_numpy,
                systems._sens_solve: systems._sens_solve_numpy,
                systems._sens_coupling: systems._sens_coupling_numpy,
