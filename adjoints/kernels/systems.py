@@ -635,10 +635,10 @@ def _sens_coupling_numpy(sys, r, xu):
     rows_u, rows_p = np.empty((n, n)), np.empty((n, npar))
     e[:] = 0.0
     for i in range(n):
-        e[i - 1] = 0.0
         e[i] = 1.0
         p[:] = 0.0
         hvp(sys.m, hu, p, e, v, u, sys.at[0])
+        e[i] = 0.0
         rows_u[i] = hu
         rows_p[i] = p[sys.cols]
     r[n:n + n * npar] += (rows_p + rows_u @ sys.S0).ravel()

@@ -177,17 +177,22 @@ def ros_interp(out, theta, z0, D):
         out[m] = th1 * z0[m] + theta * (D[0, m] + th1 * acc)
 
 
-@stand_in(ros_interp)
-def _ros_interp_numpy(out, theta, z0, D):
-    # the interpreter's: the Horner sum as weights on D's rows, one vector product
+def _interp_numpy(out, theta, z0, end, rows):
+    # the interpreter's interpolant (`ros_interp`, `_step_interp`) from the step's start,
+    # end and rows ``K_j``: the Horner sum as weights on the rows, one vector product
     n = out.shape[0]
     th1 = 1.0 - theta
-    w = [theta]
+    w = []
     c = theta * th1
-    for _ in range(1, D.shape[0]):
+    for _ in range(rows.shape[0]):
         w.append(c)
         c *= theta
-    out[:] = th1 * z0[:n] + np.dot(w, D[:, :n])
+    out[:] = th1 * z0[:n] + theta * end[:n] + np.dot(w, rows[:, :n])
+
+
+@stand_in(ros_interp)
+def _ros_interp_numpy(out, theta, z0, D):
+    _interp_numpy(out, theta, z0, D[0], D[1:])
 
 
 @jit(inline="always")
@@ -359,14 +364,8 @@ def _step_interp_numpy(tab, out, theta, h, z, znew, K, w):
     # the interpreter's (`sciml._interpret`): the rows as one matrix product, ~5x quicker
     # than the loops interpreted at 9 states (the adjoints call it at every stage)
     s = len(tab.c)
-    nh = len(tab.H) // s
     n = out.shape[0]
-    rows = np.asarray(tab.H).reshape(nh, s) @ K[:s, :n]
-    acc = rows[nh - 1]
-    for jh in range(nh - 2, -1, -1):
-        acc = rows[jh] + theta * acc
-    th1 = 1.0 - theta
-    out[:] = th1 * z[:n] + theta * (znew[:n] + th1 * acc)
+    _interp_numpy(out, theta, z, znew, tab.H.reshape(len(tab.H) // s, s) @ K[:s, :n])
 
 
 FAMILY = Family(ros_integrate, _stored_state, _store_rows, _step_interp)
