@@ -17,7 +17,7 @@ from nets._config import jit
 def _total(a, i, n):
     return tiles.total(a, i, n)
 
-# rows M: 8-, 4-, 2- and 1-row tiles and their mixes; columns J: within, at and past one
+# rows M: 8-, 6-, 4-, 2- and 1-row tiles and their mixes; columns J: within, at and past one
 # and two vectors of either width (8 or 16 float32, 4 or 8 float64)
 SIZES = [(1, 1, 1), (2, 4, 3), (5, 7, 9), (6, 25, 20), (16, 150, 17), (15, 6, 70), (9, 5, 64)]
 
@@ -137,8 +137,9 @@ def test_buffers_start_on_a_vector_boundary():
 
 @pytest.mark.skipif(tiles.VECTOR_BYTES == 32, reason="this machine runs the 32-byte tiles")
 def test_32_byte_tiles_on_an_avx2_target(tmp_path):
-    """The tiles of AVX2 machines (4 x 2 products, 2 x 4 dot products): this file's
-    checks again in a process that targets an AVX2 core (numba's ``NUMBA_CPU_NAME``)."""
+    """The tiles of AVX2 machines (6 x 2 and 4 x 2 products, 6 x 2 and 2 x 4 dot
+    products): this file's checks again in a process that targets an AVX2 core (numba's
+    ``NUMBA_CPU_NAME``)."""
     env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CACHE_DIR=str(tmp_path),
                NUMBA_CPU_FEATURES="+64bit,+avx,+avx2,+bmi,+bmi2,+cmov,+cx16,+cx8,+f16c,+fma,"
                "+fxsr,+lzcnt,+mmx,+movbe,+popcnt,+sse,+sse2,+sse3,+sse4.1,+sse4.2,+ssse3,+xsave")
