@@ -230,11 +230,25 @@ def blas_roof(threads: int, n: int = 256, seconds: float = 0.5) -> dict[str, flo
         return {"one": rate(1), "all": rate(max(1, threads)), "n": n}
 
 
-def roof_note(roof: dict[str, float], threads: int) -> str:
-    """One line: `blas_roof`'s measurement."""
-    n = roof["n"]
-    return (f"measured roof: OpenBLAS float32 {n}x{n} products, one BLAS thread each: "
-            f"{roof['one']:.0f} GFLOP/s on 1 thread, {roof['all']:.0f} on {threads} at once")
+def roof_note(before: dict[str, float], after: dict[str, float], threads: int) -> str:
+    """One line: `blas_roof` before and after a timing."""
+    return (f"BLAS roof (OpenBLAS float32 {before['n']}^3 products, one BLAS thread each), "
+            f"before / after the timing: {before['one']:.0f} / {after['one']:.0f} GFLOP/s on "
+            f"1 thread, {before['all']:.0f} / {after['all']:.0f} on {threads} at once")
+
+
+def time_measured(impls: list[Impl], rounds: int, threads: int,
+                  machine: dict[str, Any]) -> str:
+    """`time_alternating` with what the machine gave meanwhile: other processes' load
+    (`OtherLoad`) and the BLAS roof before and after (`blas_roof`, into ``machine``).
+    Returns the lines to print after the table."""
+    before = blas_roof(threads)
+    mon = OtherLoad().start()
+    time_alternating(impls, rounds)
+    load = OtherLoad.note(mon.stop(), "during the timing")
+    after = blas_roof(threads)
+    machine["blas_roof"] = {"before": before, "after": after}
+    return f"{load}\n{roof_note(before, after, threads)}"
 
 
 def peak_note(peak: dict[str, Any], threads: int) -> str:

@@ -261,8 +261,6 @@ def main(argv=None) -> int:
     machine = H.machine_info(threads)
     peak = H.float32_peak(threads)
     machine["float32_peak"] = peak
-    roof = H.blas_roof(threads)
-    machine["blas_roof"] = roof
     flops_epoch = TRAIN_FLOPS * len(X)
     print(f"lenet5: LeNet5 (44,426 parameters, float32), {source}; {len(X)} training / "
           f"{len(Xt)} test images; Adam({LR}), softmax cross-entropy summed over each "
@@ -274,14 +272,10 @@ def main(argv=None) -> int:
           f" kFLOP, backward 2x, no input gradient for conv1) x {len(X)} = "
           f"{flops_epoch / 1e9:.3g} GFLOP")
     print(H.peak_note(peak, threads))
-    print(H.roof_note(roof, threads))
     print("unit = one epoch; rounds alternate the impls epoch by epoch; first call = "
           "compile/cache load + 4 steps; accuracies after the last epoch")
     print()
-    mon = H.OtherLoad().start()
-    H.time_alternating([i for i, _ in impls], epochs)
-    load_note = H.OtherLoad.note(mon.stop(), "during the timing")
-    machine["blas_roof_after"] = roof_after = H.blas_roof(threads)
+    load_note = H.time_measured([i for i, _ in impls], epochs, threads, machine)
     rows = []
     for impl, quality in impls:
         q = None
@@ -302,7 +296,6 @@ def main(argv=None) -> int:
 
     H.print_table(rows, extra={"GFLOP/s": gflops, "of peak": of_peak})
     print(load_note)
-    print(f"after the timing, {H.roof_note(roof_after, threads)}")
     if args.json:
         H.write_json(args.json, "lenet5", machine, rows)
         print(f"wrote {args.json}")

@@ -459,9 +459,7 @@ def main(argv=None) -> int:
     print()
 
     impls = [impl for impl, _ in built]
-    mon = H.OtherLoad().start()
-    H.time_alternating(impls, rounds)
-    load_note = H.OtherLoad.note(mon.stop(), "during the timing")
+    load_note = H.time_measured(impls, rounds, threads, machine)
 
     rows = []
     for impl, predict in built:

@@ -30,3 +30,17 @@ def test_peak_per_machine_class(features, vendor, mhz, isa, peak):
 def test_peak_of_this_machine_is_a_number():
     p = H.float32_peak(1)
     assert p["isa"] in ("AVX-512", "AVX2+FMA", "SSE") and p["peak_gflops"] > 0
+
+
+def test_blas_roof_is_measured_before_and_after_a_timing():
+    calls = []
+    impl = H.Impl("x", run=lambda: calls.append(1))
+    machine = {}
+    lines = H.time_measured([impl], 2, 2, machine)
+    assert len(calls) == 2 and len(impl.times) == 2
+    roof = machine["blas_roof"]
+    for r in (roof["before"], roof["after"]):
+        # two threads at once: their sum, never less than one thread alone by much
+        assert r["one"] > 0 and r["all"] > 0.5 * r["one"] and r["n"] == 256
+    assert "during the timing" in lines
+    assert f"{roof['before']['one']:.0f} / {roof['after']['one']:.0f} GFLOP/s" in lines
