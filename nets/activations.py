@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 from numba import carray, cfunc, types
+from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from ._bits import bits_to_float, float_to_bits
@@ -161,6 +162,25 @@ def _one_overload(z):
     return lambda z: 1.0
 
 
+@intrinsic
+def _maximum(typingctx, a, b):
+    """max(a, b) of two floats of one type, NaN if either is (LLVM's `maximum`). Python's
+    max is a compare and a select; an activation stores its value back where it read z,
+    and LLVM makes a store of a select of the value just read into a store where it
+    changed only: masked stores, microcoded on AMD's cores (relu's row 1.0 -> 0.16 ns an
+    element on a Zen 3)."""
+    if not (isinstance(a, types.Float) and a == b):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ty = args[0].type
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty, ty]),
+                                            f"llvm.maximum.{ty.intrinsic_name}")
+        return builder.call(fn, args)
+
+    return a(a, b), codegen
+
+
 @jit(inline="always")
 def _identity(z):
     return z
@@ -185,14 +205,14 @@ def _sigmoid_d(z):
 
 @jit(inline="always")
 def _relu(z):
-    return max(z, _one(z) - _one(z))
+    return _maximum(z, _one(z) - _one(z))
 
 
 @jit(inline="always")
 def _relu_d(z):
     one = _one(z)
     zero = one - one
-    return max(z, zero), one if z > zero else zero
+    return _maximum(z, zero), one if z > zero else zero
 
 
 @jit(inline="always")
@@ -329,12 +349,13 @@ def _selu_d(z):
 
 @jit(inline="always")
 def _leaky_relu(z, slope, unused):
-    return z if z > 0 else slope * z
+    return z * (_one(z) if z > 0 else slope)  # a product, not a select of z (`_maximum`)
 
 
 @jit(inline="always")
 def _leaky_relu_d(z, slope, unused):
-    return (z, _one(z)) if z > 0 else (slope * z, slope)
+    d = _one(z) if z > 0 else slope
+    return z * d, d
 
 
 @jit(inline="always")

@@ -66,6 +66,18 @@ def test_kernel_matches_reference_and_reference_matches_differences(name, consts
     np.testing.assert_allclose(rd[off], fd[off], rtol=1e-7, atol=1e-8)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["relu", "leaky_relu"])
+def test_relus_keep_nan_and_infinities(name, dtype):
+    """relu's row is LLVM's `maximum` (`activations._maximum`, not a select that LLVM
+    turned into masked stores): NaN stays NaN, -inf goes to 0 (leaky: -inf), as numpy's."""
+    z = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, -1.5, 2.5] * 5, dtype)  # past a vector
+    v, d = kernel(name, z, dtype=dtype)
+    rv, rd = A.reference(name, z.astype(np.float64))
+    np.testing.assert_array_equal(v, rv.astype(dtype))
+    np.testing.assert_array_equal(d, rd.astype(dtype))
+
+
 def test_tanhshrink_has_no_cancellation_near_zero():
     z = np.array([1e-8, -3e-4, 2e-2, 0.3, 0.6])
     series = A._TANHSHRINK_SERIES  # of z - tanh z
