@@ -144,6 +144,37 @@ def test_blocks_of_samples(shape, layer, rng):
     np.testing.assert_allclose(pbar, total, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("shape,layer", [
+    ((2, 7, 6), Conv(3, (3, 2))),
+    ((4, 7, 7), Conv(2, (2, 3), dilation=(2, 1), groups=2, bias=False)),  # kernel rows 2 apart
+    ((2, 5, 7), Conv(2, (2, 3), padding=(1, 2), dilation=(1, 2))),
+    ((2, 3, 6, 5), Conv(3, (1, 3, 2), stride=(2, 1, 1), padding=(1, 1, 0))),  # KD = 1, OD = 3
+    ((2, 6, 7), Conv(4, (3, 3), stride=(2, 1), padding=1)),
+    ((2, 4, 5, 4), Conv(2, (2, 3, 2), padding=(1, 0, 1))),
+], ids=repr)
+def test_input_gradient_is_the_forward_maps_transpose(shape, layer, rng):
+    """The direct path's input gradient (`gemm_tn_rows`: added into the windows output
+    row by output row) against the transpose of the forward map, built column by column
+    from the numpy reference."""
+    chain = Chain(shape, layer)
+    p = chain.init_params(seed=2)
+    N = 5
+    x = rng.normal(size=(N, *shape))
+    v = rng.normal(size=(N, *chain.out_shape))
+    scratch = np.zeros(layer.scratch_size(shape, N))
+    y = np.empty((N, *chain.out_shape))
+    layer.forward(None, x, y, p, p[:0], scratch)
+    xbar, pbar = np.empty_like(x), np.zeros_like(p)
+    layer.pullback(None, v, x, y, p, p[:0], pbar, xbar, scratch)
+    W, _ = _params(chain, p)
+    n_in = int(np.prod(shape))
+    basis = np.eye(n_in).reshape((n_in, *shape))
+    J = ref_conv(basis, W, None, layer.stride, layer.padding, layer.dilation,
+                 layer.groups).reshape(n_in, -1)  # row i: the outputs of input unit i
+    np.testing.assert_allclose(xbar.reshape(N, -1), v.reshape(N, -1) @ J.T, rtol=1e-12,
+                               atol=1e-12)
+
+
 def test_conv_transpose_is_the_adjoint_of_conv(rng):
     # <conv(x), y> == <x, conv_transpose(y)> with the same weight and no bias.
     conv = Chain((2, 7, 6), Conv(4, (3, 2), stride=2, padding=1, dilation=(1, 2), bias=False))
