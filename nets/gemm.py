@@ -145,9 +145,9 @@ def gemm_nt_rows(C, A, src, offs, base, step, lstride):
     over every plane and column before one reduction each. With 16 registers, a product
     of plain rows (``offs`` None: Dense, whose weight rows are the larger operand, read
     from L2) takes 6 rows x 2 taps, each weight vector loaded serving six rows: Dense's
-    forward pass 1.1 -> 0.9 us an image on a Zen 3; a convolution's windows overlap
-    and stay in L1, and there 2 x 4 reads its larger operand, the cotangent, fewer times
-    (6 x 2 was 5-7 % slower)."""
+    forward pass 1.1 -> 0.9 us an image on a Zen 3. A convolution's windows overlap
+    (one input serves every tap), and there 2 x 4 reads the larger operand, the
+    cotangent, fewer times (6 x 2 was 5-7 % slower)."""
     M = A.shape[0]
     m = M - M
     if VECTOR_BYTES == 64:
