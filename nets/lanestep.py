@@ -164,7 +164,7 @@ class Lanes:
                      _typed([lane.cot[1] for lane in lanes]),
                      _typed([lane.x0 for lane in lanes]), _typed([lane.t0 for lane in lanes]),
                      ws.G, ws.rows, _typed([q.bridge for q in programs]),
-                     np.zeros(len(lanes)))  # the lanes' losses of a step
+                     np.zeros(len(lanes)))  # a step's lane losses, then penalty parts
 
     def epoch(self, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g):
         """`train_epoch` over the samples in `rows` order; the optimizer's step count
@@ -405,15 +405,14 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
                 step_at):
     """Minibatches of `batch` samples in `rows` order, each a step of the optimizer: the
     batch cut into contiguous blocks, one per lane, run in parallel (`train_step`), the
-    lanes' gradients added in lane order, then the penalty and the update, all in one
-    call. ``loss = (code, mean, l1, l2)``, ``optimizer = (code, hyper, m, v)`` as
-    `nets.kernels.optimizer_step` takes them; ``step_at``: `train_step`'s address
-    (`_step_address`). Returns (the epoch's loss, the step count).
+    lanes' gradients added in lane order, then the penalty and the update (`_update`, in
+    parallel too), all in one call. ``loss = (code, mean, l1, l2)``, ``optimizer = (code,
+    hyper, m, v)`` as `nets.kernels.optimizer_step` takes them; ``step_at``:
+    `train_step`'s address (`_step_address`). Returns (the epoch's loss, the step count).
 
     Between steps numba's pool threads wait spinning: handing each step to a Python
     thread pool and collecting it cost LeNet5 a large share of a step."""
     code, mean, l1, l2 = loss
-    opt, hyper, m, v = optimizer
     table = net[0]
     G, vals = bufs[6], bufs[9]
     lanes = G.shape[0]
@@ -436,13 +435,44 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
         val = 0.0
         for t in range(nblk):
             val += vals[t]
-        add_lanes(g, G, nblk)
         share = 1.0 if mean else nb / N
-        val += penalty(ranges, p, g, share * l1, share * l2)
         step += 1
-        optimizer_step(opt, hyper, p, g, m, v, step)
+        parts = min(nt, lanes)
+        _update(G, nblk, ranges, share * l1, share * l2, optimizer, p, g, step, parts, vals)
+        for t in range(parts):
+            val += vals[t]
         total += val * (nb / N if mean else 1.0)
     return total, step
+
+
+@pjit
+def _update(G, nlanes, ranges, l1, l2, optimizer, p, g, step, parts, pen):
+    """The step's end, on `parts` blocks of the parameters in parallel: g = the sum of
+    the lanes' gradients (`add_lanes`), the penalty's gradient added (its value in
+    pen[block]), then the optimizer's update. Run by one thread while the others waited,
+    it was a tenth of LeNet5's two-thread step on a Zen 4 (the update's writes to the
+    parameters invalidate the other core's copies, the lane sum reads its gradient); the
+    blocks are whole cache lines apart."""
+    opt, hyper, m, v = optimizer
+    n = p.shape[0]
+    per = (-(-n // parts) + 15) // 16 * 16
+    for t in prange(0, parts):
+        a = min(n, t * per)
+        b = min(n, a + per)
+        for k in range(a, b):
+            g[k] = G[0, k]
+        for u in range(1, nlanes):
+            for k in range(a, b):
+                g[k] += G[u, k]
+        total = 0.0
+        if l1 != 0.0 or l2 != 0.0:
+            for r in range(ranges.shape[0]):
+                k0 = max(a, ranges[r, 0])
+                k1 = min(b, ranges[r, 0] + ranges[r, 1])
+                if k0 < k1:
+                    total = penalize(p, g, k0, k1, l1, l2, total)
+        pen[t] = total
+        optimizer_step(opt, hyper, p[a:b], g[a:b], m[a:b], v[a:b], step)
 
 
 @jit(inline="always")
