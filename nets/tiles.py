@@ -34,7 +34,16 @@ def _target_features():
     return ll.get_host_cpu_features().flatten()
 
 
+def _target_cpu():
+    if config.CPU_NAME is not None:
+        return config.CPU_NAME
+    import llvmlite.binding as ll
+
+    return ll.get_host_cpu_name()
+
+
 VECTOR_BYTES = 64 if "+avx512f" in _target_features().split(",") else 32
+TARGET_CPU = _target_cpu()  # LLVM's name of the CPU numba compiles for ("znver4", ...)
 
 
 I32, I64 = ir.IntType(32), ir.IntType(64)
