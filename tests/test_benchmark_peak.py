@@ -30,6 +30,15 @@ def test_peak_per_machine_class(features, vendor, mhz, isa, peak):
 def test_peak_of_this_machine_is_a_number():
     p = H.float32_peak(1)
     assert p["isa"] in ("AVX-512", "AVX2+FMA", "SSE") and p["peak_gflops"] > 0
+    assert p["clock"] == "measured" and p["peak_gflops"] == pytest.approx(
+        2 * (p["fma_bits"] // 32) * 2 * p["ghz"])
+    assert f"{p['ghz']:.2f} GHz (measured; " in H.peak_note(p, 1)
+
+
+def test_the_measured_clock_is_a_cores():
+    # a chain of dependent one-cycle steps: what a core of 2026 runs at, even shared
+    # with another process (best of five short windows)
+    assert 0.8 < H.core_ghz() < 7.0
 
 
 def test_blas_roof_is_measured_before_and_after_a_timing():
