@@ -219,6 +219,15 @@ def loss_seed(code, Y, T, G, scale):
 
 
 @jit
+def copy_rows(src, dst):
+    """dst[:, :] = src[:, :] as loops: numba's slice assignment compiles, for its error
+    message, the formatting of shapes into text (~3.5 s of a cold `train_step`)."""
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = src[i, j]
+
+
+@jit
 def gather(src, rows, lo, hi, dst):
     """dst[i] = src[rows[lo + i]] for i < hi - lo (src, dst 2-D)."""
     for i in range(hi - lo):
@@ -308,7 +317,7 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
             elif t[KIND] == DENSE:
                 dense_forward(h, pl, t[NOUT], t[BIAS] != 0, y, scratch[l])
             else:
-                y[:, :] = h
+                copy_rows(h, y)
         if t[ACT] >= 0:
             call_row(t[ROW], outs[l], zero, cap * S, n * S, consts[l, C0], consts[l, C1], yes)
         h = y
@@ -360,7 +369,7 @@ def train_step(table, consts, geos, ctaps, ptaps, outs, scratch, cot_a, cot_b, b
         elif t[KIND] == DENSE:
             dense_pullback(x, pl, t[NOUT], t[BIAS] != 0, ybar, xbar, want_x, gl)
         elif want_x:
-            xbar[:, :] = ybar
+            copy_rows(ybar, xbar)
         if after_fm:  # back to feature-major, in the buffer just read
             transpose(b, n, R, a)
         else:
