@@ -151,11 +151,11 @@ def gemm_nt_rows(C, A, src, offs, base, step, lstride):
     cotangent, fewer times (6 x 2 was 5-7 % slower)."""
     M = A.shape[0]
     m = M - M
-    if VECTOR_BYTES == 64 and offs is None:
-        while M - m >= 8:
-            _nt_band(C, m, A, src, offs, base, lstride, step, 8, 2)
-            m += 8
     if VECTOR_BYTES == 64:
+        if offs is None:  # rows of a matrix (Dense): see the docstring
+            while M - m >= 8:
+                _nt_band(C, m, A, src, offs, base, lstride, step, 8, 2)
+                m += 8
         while M - m >= 4:
             _nt_band(C, m, A, src, offs, base, lstride, step, 4, 4)
             m += 4

@@ -238,23 +238,27 @@ def gather(src, rows, lo, hi, dst):
 
 
 @jit
-def add_lanes(g, G, n):
-    """g = G[0] + G[1] + ... + G[n-1], in this order."""
-    for k in range(g.shape[0]):
+def add_lanes(g, G, n, a, b):
+    """g[a:b] = G[0, a:b] + G[1, a:b] + ... + G[n-1, a:b], in this order."""
+    for k in range(a, b):
         g[k] = G[0, k]
     for t in range(1, n):
-        for k in range(g.shape[0]):
+        for k in range(a, b):
             g[k] += G[t, k]
 
 
 @jit
-def penalty(ranges, p, g, l1, l2):
-    """l1*|w|_1 + l2*|w|^2 over the weight ranges (offset, length); gradient added to g."""
+def penalty(ranges, p, g, l1, l2, a, b):
+    """l1*|w|_1 + l2*|w|^2 over the weight ranges (offset, length) within p[a:b];
+    gradient added to g."""
     total = 0.0
     if l1 == 0.0 and l2 == 0.0:
         return total
     for r in range(ranges.shape[0]):
-        total = penalize(p, g, ranges[r, 0], ranges[r, 0] + ranges[r, 1], l1, l2, total)
+        k0 = max(a, ranges[r, 0])
+        k1 = min(b, ranges[r, 0] + ranges[r, 1])
+        if k0 < k1:
+            total = penalize(p, g, k0, k1, l1, l2, total)
     return total
 
 
@@ -457,8 +461,8 @@ def train_epoch(net, bufs, X2, T, rows, batch, nt, loss, optimizer, ranges, p, g
 @pjit
 def _update(G, nlanes, ranges, l1, l2, optimizer, p, g, step, parts, pen):
     """The step's end, on `parts` blocks of the parameters in parallel: g = the sum of
-    the lanes' gradients (`add_lanes`), the penalty's gradient added (its value in
-    pen[block]), then the optimizer's update. Run by one thread while the others waited,
+    the lanes' gradients (`add_lanes`), the penalty's gradient added (`penalty`, its
+    value in pen[block]), then the optimizer's update. Run by one thread while the others waited,
     it was a tenth of LeNet5's two-thread step on a Zen 4 (the update's writes to the
     parameters invalidate the other core's copies, the lane sum reads its gradient); the
     blocks are whole cache lines apart."""
@@ -468,19 +472,8 @@ def _update(G, nlanes, ranges, l1, l2, optimizer, p, g, step, parts, pen):
     for t in prange(0, parts):
         a = min(n, t * per)
         b = min(n, a + per)
-        for k in range(a, b):
-            g[k] = G[0, k]
-        for u in range(1, nlanes):
-            for k in range(a, b):
-                g[k] += G[u, k]
-        total = 0.0
-        if l1 != 0.0 or l2 != 0.0:
-            for r in range(ranges.shape[0]):
-                k0 = max(a, ranges[r, 0])
-                k1 = min(b, ranges[r, 0] + ranges[r, 1])
-                if k0 < k1:
-                    total = penalize(p, g, k0, k1, l1, l2, total)
-        pen[t] = total
+        add_lanes(g, G, nlanes, a, b)
+        pen[t] = penalty(ranges, p, g, l1, l2, a, b)
         optimizer_step(opt, hyper, p[a:b], g[a:b], m[a:b], v[a:b], step)
 
 

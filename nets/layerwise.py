@@ -274,7 +274,7 @@ def _step(chain, ws, X2, T, rows, lo, hi, loss, scale, p, state, training, seed,
         return val
 
     vals = run_blocks(run, len(blocks))
-    add_lanes(g, ws.G, len(blocks))
+    add_lanes(g, ws.G, len(blocks), 0, g.shape[0])
     return sum(vals)
 
 
@@ -294,7 +294,7 @@ def loss_and_grad(chain, p, X2, T, loss, state, seed, training=True):
         val += _step(chain, ws, X2, T, None, lo, hi, loss, scale, p, state, training, seed, gc,
                      threads_now(ws))
         g += gc
-    val += penalty(weight_ranges(chain), p, g, loss.l1, loss.l2)
+    val += penalty(weight_ranges(chain), p, g, loss.l1, loss.l2, 0, p.shape[0])
     return float(val), g
 
 
@@ -339,7 +339,7 @@ def _epoch(chain, ws, X2, T, rows, batch_size, loss, optimizer, ranges, p, state
         scale = _scale(loss, nb, chain.n_out)
         val = _step(chain, ws, X2, T, rows, lo, hi, loss, scale, p, state, True, seed, g, nt)
         share = 1.0 if loss.mean else nb / N
-        val += penalty(ranges, p, g, share * loss.l1, share * loss.l2)
+        val += penalty(ranges, p, g, share * loss.l1, share * loss.l2, 0, p.shape[0])
         optimizer.step += 1
         kernels.optimizer_step(optimizer.code, hyper, p, g, optimizer.m, optimizer.v,
                                optimizer.step)
