@@ -162,20 +162,15 @@ def core_ghz(seconds: float = 0.1) -> float | None:
         chain(10, 1)
         _CHAIN = chain
     n = 1 << 20
-    while True:  # steps enough for `seconds`
-        t0 = time.perf_counter()
-        _CHAIN(n, 1)
-        dt = time.perf_counter() - t0
-        if dt > seconds / 4 or n > 1 << 36:
-            break
+    while _timed(_CHAIN, n, 1) < seconds / 4 and n < 1 << 36:  # steps for `seconds`
         n *= 4
-    best = min(_timed(lambda: _CHAIN(n, 1)) for _ in range(5))
+    best = min(_timed(_CHAIN, n, 1) for _ in range(5))
     return 2 * n / best / 1e9
 
 
-def _timed(f: Callable[[], Any]) -> float:
+def _timed(f: Callable[..., Any], *args: Any) -> float:
     t0 = time.perf_counter()
-    f()
+    f(*args)
     return time.perf_counter() - t0
 
 
@@ -304,9 +299,9 @@ def peak_note(peak: dict[str, Any], threads: int) -> str:
 
 
 def _clock_words(peak: dict[str, Any]) -> str:
-    if peak.get("clock") == "measured":
+    if peak["clock"] == "measured":
         return f"measured; {peak['nominal_ghz']:.2f} nominal"
-    return peak.get("clock", "nominal")
+    return peak["clock"]
 
 
 def _cpu_seconds() -> tuple[float, float, float]:
