@@ -590,13 +590,14 @@ def penalty(meta, p, g, l1, l2):
 
 @jit
 def penalize(p, g, k0, k1, l1, l2, total):
-    """total + l1*|w| + l2*w^2 summed over w = p[k0:k1] in order; the gradient added to
+    """total + l1*|w| + l2*w^2 summed over w = p[k0:k1]; the gradient added to
     g[k0:k1]. The penalties of Dense chains (`penalty`) and of layer chains
     (`nets.lanestep.penalty`) both sum through it."""
-    for k in range(k0, k1):
-        w = p[k]
+    w_, g_ = p[k0:k1], g[k0:k1]  # views, indexed from 0: see `nets.lanestep.add_lanes`
+    for k in range(w_.shape[0]):
+        w = w_[k]
         total += l1 * abs(w) + l2 * w * w
-        g[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
+        g_[k] += l1 * (1.0 if w > 0 else (-1.0 if w < 0 else 0.0)) + 2 * l2 * w
     return total
 
 

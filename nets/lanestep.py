@@ -240,11 +240,16 @@ def gather(src, rows, lo, hi, dst):
 @jit
 def add_lanes(g, G, n, a, b):
     """g[a:b] = G[0, a:b] + G[1, a:b] + ... + G[n-1, a:b], in this order."""
-    for k in range(a, b):
-        g[k] = G[0, k]
+    # On views, from 0: indexing with k in range(a, b) keeps numba's wraparound of a
+    # negative index in the loop, which LLVM does not vectorise (9x slower: 66 against
+    # 7.4 us for LeNet5's two lanes, Zen 4).
+    out, first = g[a:b], G[0, a:b]
+    for k in range(out.shape[0]):
+        out[k] = first[k]
     for t in range(1, n):
-        for k in range(a, b):
-            g[k] += G[t, k]
+        lane = G[t, a:b]
+        for k in range(out.shape[0]):
+            out[k] += lane[k]
 
 
 @jit
