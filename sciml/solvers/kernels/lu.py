@@ -53,12 +53,17 @@ def lu_factor_into(A, piv):
         inv = 1.0 / A[k, k]
         for i in range(k + 1, n):
             A[i, k] *= inv
-        # Rank-one update of the trailing block, row by row (C order: unit stride in j).
+        # Rank-one update of the trailing block, row by row (C order: unit stride in j), on
+        # views indexed from 0: a loop over range(k + 1, n) indexing A keeps numba's
+        # wraparound of negative indices in it, which LLVM does not vectorise (n = 100:
+        # 131 -> 86 us a factorisation; no change under 25 states)
+        u = A[k, k + 1:]
         for i in range(k + 1, n):
             lik = A[i, k]
             if lik != 0.0:
-                for j in range(k + 1, n):
-                    A[i, j] -= lik * A[k, j]
+                row = A[i, k + 1:]
+                for j in range(u.shape[0]):
+                    row[j] -= lik * u[j]
     return 0
 
 
@@ -86,8 +91,9 @@ def lu_solve_into(x, LU, piv):
         x[i] = s
     for i in range(n - 1, -1, -1):
         s = x[i]
-        for j in range(i + 1, n):
-            s -= LU[i, j] * x[j]
+        row, xs = LU[i, i + 1:], x[i + 1:]  # views from 0 (see lu_factor_into)
+        for j in range(row.shape[0]):
+            s -= row[j] * xs[j]
         x[i] = s / LU[i, i]
 
 
