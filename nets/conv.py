@@ -869,12 +869,15 @@ def _fm_pad(geo, X, n, Ib, unpad):
             for h in range(H):
                 s = ((c * D + d) * H + h) * run
                 o = (((c * Dp + d + pd) * Hp + h + ph) * Wp + pw) * n
+                # views from 0: X[s + j] in the loop would keep numba's wraparound of a
+                # negative index in it, which LLVM does not vectorise
+                inner, padded = X[s:s + run], Ib[o:o + run]
                 if unpad:
                     for j in range(run):
-                        X[s + j] = Ib[o + j]
+                        inner[j] = padded[j]
                 else:
                     for j in range(run):
-                        Ib[o + j] = X[s + j]
+                        padded[j] = inner[j]
 
 
 @jit
