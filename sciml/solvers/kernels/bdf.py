@@ -138,16 +138,21 @@ def rescale(D, order, factor, R, U, T, B):
     nz = D.shape[1]
     for m0 in range(0, nz, _BLOCK):
         nb = min(_BLOCK, nz - m0)
+        # the block's rows as views from 0: D[j, m0 + m] in the loops would keep numba's
+        # wraparound of a negative index in them, which LLVM does not vectorise
         for i in range(k1):
+            src, old = D[i, m0:m0 + nb], B[i]
             for m in range(nb):
-                B[i, m] = D[i, m0 + m]
+                old[m] = src[m]
         for j in range(k1):
+            new = D[j, m0:m0 + nb]
             for m in range(nb):
-                D[j, m0 + m] = 0.0
+                new[m] = 0.0
             for i in range(k1):
                 tij = T[i, j]
+                old = B[i]
                 for m in range(nb):
-                    D[j, m0 + m] += tij * B[i, m]
+                    new[m] += tij * old[m]
 
 
 @jit(inline="always")
