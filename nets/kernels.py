@@ -301,21 +301,27 @@ def _forward1_layers(meta, p, buf, need_d):
         nout = meta[l, OUT]
         woff = meta[l, WOFF]
         boff = meta[l, BOFF]
+        # views indexed from 0: buf[off + o] in the loops would keep numba's wraparound
+        # of a negative index in them, which LLVM does not vectorise
+        W = p[woff:woff + nout * nin].reshape((nout, nin))
+        x = buf[xo:xo + nin]
+        z = buf[off:off + nout]
         if nin < nout:
             # Few inputs, many outputs (e.g. 2 -> 50): a column at a time, so the
             # loop over outputs vectorises (a dot product of length 2 does not).
             for o in range(nout):
-                buf[off + o] = p[boff + o] if boff >= 0 else zero
+                z[o] = p[boff + o] if boff >= 0 else zero
             for i in range(nin):
-                xi = buf[xo + i]
+                xi = x[i]
                 for o in range(nout):
-                    buf[off + o] += p[woff + o * nin + i] * xi
+                    z[o] += W[o, i] * xi
         else:
             for o in range(nout):
                 acc = p[boff + o] if boff >= 0 else zero
+                w = W[o]
                 for i in range(nin):
-                    acc += p[woff + o * nin + i] * buf[xo + i]
-                buf[off + o] = acc
+                    acc += w[i] * x[i]
+                z[o] = acc
         _activate(meta, l, buf, off, off + nout, nout, need_d)
         xo = off
         off += 2 * nout
@@ -351,19 +357,28 @@ def vjp1(meta, p, x, v, xbar, pbar, buf):
         off -= 2 * nout
         do = off + nout
         xo = off - 2 * nin if l > 0 else 0
+        # views from 0 (see `_forward1_layers`)
+        W = p[woff:woff + nout * nin].reshape((nout, nin))
+        gW = pbar[woff:woff + nout * nin].reshape((nout, nin))
+        x = buf[xo:xo + nin]
+        dzs = buf[go:go + nout]
+        ds = buf[do:do + nout]
+        gx = buf[gi:gi + nin]
         for o in range(nout):
-            dz = buf[go + o] * buf[do + o]
-            buf[go + o] = dz
+            dz = dzs[o] * ds[o]
+            dzs[o] = dz
             if boff >= 0:
                 pbar[boff + o] += dz
+            grow = gW[o]
             for i in range(nin):
-                pbar[woff + o * nin + i] += dz * buf[xo + i]
+                grow[i] += dz * x[i]
         for i in range(nin):
-            buf[gi + i] = 0.0
+            gx[i] = 0.0
         for o in range(nout):
-            dz = buf[go + o]
+            dz = dzs[o]
+            w = W[o]
             for i in range(nin):
-                buf[gi + i] += p[woff + o * nin + i] * dz
+                gx[i] += w[i] * dz
         go, gi = gi, go
     for i in range(meta[0, IN]):
         xbar[i] = buf[go + i]
