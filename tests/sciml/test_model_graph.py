@@ -137,7 +137,11 @@ def graph_mode(monkeypatch):
 
 @pytest.fixture(scope="module")
 def reference():
-    return sm.Model(every, STATES, PARAMS)  # the sympy path (4 states)
+    m = sm.Model(every, STATES, PARAMS)  # the sympy path (4 states)
+    with pytest.MonkeyPatch.context() as mp:  # its hvp too (compiled when first asked for)
+        mp.setattr(derivatives, "HVP_ON_GRAPH", False)
+        m.kernel_table("hvp")
+    return m
 
 
 def _point(rng):
@@ -166,6 +170,21 @@ def test_every_function_through_the_graph(graph_mode, reference, rng):
     # the state part of the hvp against differences of lam^T J v
     close(m.hvp(lam, v, u, p, t)[0], central_diff(lambda q: lam @ m.jac(q, p, t) @ v, u))
     assert not m._asm.sets["f"].gen.autonomous
+
+
+def test_second_order_kernels_of_small_models_come_from_the_graph(reference, rng):
+    # first order on the sympy path below `GRAPH_FROM`, the hvp derived on the graph: the
+    # same values as sympy's (Laske_PLOSComputBiol2019's hvp: 24 s by sympy, 0.4 s here)
+    m = sm.Model(every, STATES, PARAMS)
+    assert m._asm.sets["f"].gen.graph is None and m._asm.sets["f"].gen._on_graph() is not None
+    u, p, t = _point(rng)
+    lam, v = rng.standard_normal(4), rng.standard_normal(4)
+    for got, ref in zip(m.hvp(lam, v, u, p, t), reference.hvp(lam, v, u, p, t)):
+        close(got, ref, rtol=1e-11, atol=1e-12)
+    net = Chain(2, Dense(3, "tanh"), Dense(1))  # network calls: sympy's, through their passes
+    ude = sm.Model(lambda u, p, t, nets: [-p.k * u[0] + nets.U(u)[0], u[0] - u[1]],
+                   ["a", "b"], ["k"], nets={"U": net})
+    assert ude._asm.sets["f"].gen._on_graph() is None
 
 
 def test_python_rendering_of_graph_kernels(graph_mode, rng, tmp_path):
