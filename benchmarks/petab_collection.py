@@ -3,9 +3,10 @@
 For each model: whether it loads (or the one-line refusal), the log-likelihood at
 the nominal parameters against a reference, the gradient against central finite
 differences (directional, along random unit directions, from a tighter solve),
-and the times of llh, of llh + gradient with forward sensitivities (with BDF where the
-problem's solver is stiff, as AMICI's forward mode runs) and with the adjoint
-(`GaussAdjoint`), and of the first llh + gradient (the load, the model's compile and the
+and the times of llh, of llh + gradient with the problem's default method
+(`adjoints.default_sensealg`), with forward sensitivities (with BDF where the problem's
+solver is stiff, as AMICI's forward mode runs) and with the adjoint (`GaussAdjoint`),
+and of the first llh + gradient (the load, the model's compile and the
 solves together, in this process). ``--markdown`` takes several JSON files: a model's row
 comes from the last one that has it (a rerun of some models over a full run).
 
@@ -427,7 +428,7 @@ def markdown(rows, amici=None):
     amici = amici or {}
     head = ("| model | states | params | llh | - AMICI | - AMICI here | - roadrunner | "
             "- collection | fd | "
-            "llh s | fwd s | adj s | first s | AMICI fwd / adj s | AMICI ceilings fwd / adj s |")
+            "llh s | grad s | fwd s | adj s | first s | AMICI fwd / adj s | AMICI ceilings fwd / adj s |")
     ncol = head.count("|") - 1
     out = [head, "|" + "---|" * ncol]
     for r in rows:
@@ -453,9 +454,22 @@ def markdown(rows, amici=None):
         mark = "" if reproduces(r) else " (no)"
         out.append(f"| {r['model']} | {r['n_states']} | {r['n_params']} | {r['llh']:.4f}{mark}"
                    f" | {_delta(r, 'ref_amici')} | {_delta(r, 'ref_amici_here')} | {rr} | {coll} | "
-                   f"{_fd(r)} | {t('t_llh')} | "
+                   f"{_fd(r)} | {t('t_llh')} | {_grad(r)} | "
                    f"{t('t_fwd')} | {t('t_adj')} | {r['t_first']:.1f} | {measured} | {ceil} |")
     return "\n".join(out)
+
+
+#: the table's short names of the default methods
+SHORT = {"DiscreteAdjoint": "discrete", "GaussAdjoint": "Gauss",
+         "ForwardSensitivity": "forward", "InterpolatingAdjoint": "interpolating"}
+
+
+def _grad(r):
+    """The table's `grad s` cell: the default method's llh + gradient, and which it is."""
+    if "t_grad" not in r:
+        return ""
+    name = r.get("sensealg", "")
+    return f"{r['t_grad']:.3f} ({SHORT.get(name, name)})"
 
 
 def _fd(r):
@@ -474,7 +488,7 @@ def _line(r):
     am = r.get("t_amici")
     ceil = f" AMICI ceilings fwd {am[1]} adj {am[2]}" if am and am[1] is not None else ""
     return (f"{r['model']:38s} llh {r['llh']:.6f} {ref} | fd {_fd(r)}"
-            f" | llh {r['t_llh']:.3f}s fwd {r.get('t_fwd', np.nan):.3f}s"
+            f" | llh {r['t_llh']:.3f}s grad {_grad(r)} fwd {r.get('t_fwd', np.nan):.3f}s"
             f" adj {r.get('t_adj', np.nan):.3f}s"
             f" first {r['t_first']:.1f}s{ceil}")
 

@@ -204,12 +204,18 @@ def test_shared_params_override():
 def test_default_method_follows_the_rule():
     prob, data = _pk()
     assert isinstance(adjoints.default_sensealg(prob.model), adjoints.ForwardSensitivity)
-    # a stiff PK/PD model with few parameters: forward sensitivities through Rodas5
+    # a small stiff model: Rodas5's own steps reversed, whatever its parameters
     assert isinstance(adjoints.default_sensealg(prob.model, sciml.Rodas5()),
-                      adjoints.ForwardSensitivity)
+                      adjoints.DiscreteAdjoint)
     sp, _ = _spiral()
     assert isinstance(adjoints.default_sensealg(sp.model), adjoints.DiscreteAdjoint)
-    assert isinstance(adjoints.default_sensealg(sp.model, sciml.Rodas5()), adjoints.GaussAdjoint)
+    assert isinstance(adjoints.default_sensealg(sp.model, sciml.Rodas5()),
+                      adjoints.DiscreteAdjoint)
+    # BDF's steps are not reversed: forward sensitivities, or an adjoint past 16 parameters
+    assert isinstance(adjoints.default_sensealg(prob.model, sciml.BDF()),
+                      adjoints.ForwardSensitivity)
+    assert isinstance(adjoints.default_sensealg(sp.model, sciml.BDF()),
+                      adjoints.InterpolatingAdjoint)
     big = SimpleNamespace(n_states=80, n_params=1000)  # the rule reads only the sizes
     assert isinstance(adjoints.default_sensealg(big), adjoints.GaussAdjoint)
     # a large stiff system with few parameters: an adjoint, not n x n_params sensitivities
