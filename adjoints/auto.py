@@ -23,10 +23,13 @@ def default_sensealg(model, solver=None):
        on the forward's own steps. An adjoint integrated backward must resolve
        again the fast transients each observation's jump of lambda excites
        (Brannmark_JBC2010: 10,300 backward steps), and forward sensitivities
-       take n Hessian-vector products a stage; on the 33 Benchmark-Models-PEtab
-       models of this size it was the fastest of the three on every one (Beer
-       29 ms against 92 forward, Brannmark 15 against 43 Gauss, Lucarelli 112
-       against 170), its gradients within 5e-6 of finite differences;
+       take n Hessian-vector products a stage. On the 30 Benchmark-Models-PEtab
+       models of this size it was faster than the former default (forward
+       sensitivities up to 16 parameters, `GaussAdjoint` beyond) on 27, median
+       1.5x (Beer 29 ms against 92 forward, Brannmark 15 against 43 Gauss,
+       Sneyd 8.8 against 30), slower on Laske (96 ms against 54 Gauss) and
+       Rahman (0.83 against 0.69); its gradients within 5e-6 of finite
+       differences;
     2. at most ``FORWARD_MAX_PARAMS`` (16) parameters, and for a stiff solver
        (`BDF`, whose steps are not reversed) at most ``FORWARD_MAX_STIFF_STATES``
        (64) states -> `ForwardSensitivity`: n x n_params extra states cost less

@@ -1,17 +1,16 @@
 """The kernels of traced functions: values and their derivatives, as statement trees.
 
-sympy does the algebra (differentiation, common subexpressions); this module
-decides what to differentiate and lays the results out as `sciml.model.code`
-kernels. A large function without network calls (`GRAPH_FROM` outputs and
-up, or traced into a graph), and the hvp of any function without them, take the
-graph path instead: the same kernels
-from `sciml.model.graph`, whose derivatives and common subexpressions cost
+This module decides what to differentiate and lays the results out as
+`sciml.model.code` kernels; the algebra (differentiation, common subexpressions)
+is done on `sciml.model.graph`'s expression graph for a function without
+network calls (`GRAPH_FROM`; a large model is traced into one directly), in
 time linear in the expressions (sympy's `diff` and `cse` cost about a
-millisecond a Jacobian entry); the statements then hold graph nodes, which
-`sciml.model.irtext` prints. A network call is an opaque node: its inputs are expressions, its
-outputs symbols, and its passes (forward, reverse, Jacobian, tangents) are
-the chain-specialised statements of `sciml.model.netcode`; the symbolic part
-supplies the derivatives of everything around it.
+millisecond a Jacobian entry, its second derivatives seconds), the statements
+holding graph nodes that `sciml.model.irtext` prints; and by sympy for a function
+that calls networks. A network call is an opaque node: its inputs are
+expressions, its outputs symbols, and its passes (forward, reverse, Jacobian,
+tangents) are the chain-specialised statements of `sciml.model.netcode`; the
+symbolic part supplies the derivatives of everything around it.
 
 One traced function ``y = F(u, p, t)`` (a model's right-hand side, its
 observables, or initial values of ``p``; see `sciml.model.trace.Trace`)
@@ -54,7 +53,6 @@ offsets, fixed at generation time), per live call c::
 each frame on a 64-byte boundary, then LAM, UB (n each) for `paramjac`.
 """
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,14 +118,13 @@ _LARGE = 2000
 
 # Functions without network calls and with at least this many outputs (or traced into a
 # graph, `sciml.model.trace`) take the graph path: derivatives and common subexpressions
-# by `sciml.model.graph`, linear in the expressions' size, instead of sympy's.
-GRAPH_FROM = 256
+# by `sciml.model.graph`, linear in the expressions' size, instead of sympy's. From one
+# output: every such function (its kernels as fast as sympy's on the solve, nlme and
+# Benchmark-Models-PEtab runs; sympy's second derivatives cost seconds: the hvp of
+# Laske_PLOSComputBiol2019's 34 states 24 s, 0.4 s on the graph).
+GRAPH_FROM = 1
 # Graph-path kernels roll their repeated groups into loops (`sciml.model.roll`).
 ROLL = True
-# The second-order kernel (hvp) of a function without network calls is derived on the
-# graph whatever its size (`Derivatives._on_graph`): sympy's second derivatives cost
-# seconds where the first cost milliseconds.
-HVP_ON_GRAPH = True
 
 
 def ws(i):
@@ -285,25 +282,6 @@ class Derivatives:
         self.Un = tuple(g.sym(s) for s in self.u)
         self.Pn = tuple(g.sym(s) for s in self.p)
         return g
-
-    def _on_graph(self):
-        """This function on the graph path: a copy whose kernels `sciml.model.graph`
-        derives, for a kernel whose derivation by sympy costs far more (second order:
-        sympy's ``hvp`` of Laske_PLOSComputBiol2019's 34 states took 24 s, the graph's
-        a fraction of a second); None where networks are called or the graph does not hold
-        the expressions."""
-        if self.live:
-            return None
-        g = _graph.Graph()
-        try:
-            G = tuple(g.from_sympy(e) for e in self.F)
-        except _graph.Unsupported:
-            return None
-        twin = copy.copy(self)
-        twin.graph, twin.G = g, G
-        twin.Un = tuple(g.sym(s) for s in self.u)
-        twin.Pn = tuple(g.sym(s) for s in self.p)
-        return twin
 
     def _body(self, loads=None):
         return _Body(self.graph, self.base_loads if loads is None else loads)
@@ -702,10 +680,6 @@ class Derivatives:
     def hvp(self, name):
         """``name(ubar, pbar, lam, v, u, p, t, ws)``: the gradient over (u, p) of
         lam^T (dF/du) v; ubar written, pbar added to."""
-        if self.graph is None and HVP_ON_GRAPH:
-            twin = self._on_graph()
-            if twin is not None:
-                return twin.hvp(name)
         lam, vv = _symbols("lam", self.m), _symbols("v", self.n)
         if self.graph is not None:
             g = self.graph

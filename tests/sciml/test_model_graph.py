@@ -1,14 +1,17 @@
-"""The graph path for large models (`sciml.model.graph`, `sciml.model.irtext`).
+"""The graph path (`sciml.model.graph`, `sciml.model.irtext`).
 
 Models of 256 states and more without networks are traced into an expression
 graph and their kernels built from it: derivatives by `Graph.diff`, common
-subexpressions by `Graph.emit`, LLVM IR printed as text in chunks. Checked
-here: the graph's derivatives of every function it knows against sympy's own;
+subexpressions by `Graph.emit`, LLVM IR printed as text in chunks; smaller ones
+without networks are traced by sympy and take the same path for their
+derivatives. Checked here: the graph's derivatives of every function it knows
+against sympy's own;
 `emit` against the expressions it lays out; a model using every supported
 numpy function, traced into a graph (thresholds lowered to 0, chunks of a few
 statements so that temporaries cross chunks, LLVM's fast code generator), whose
 kernels must agree with the same model on the sympy path and with central
-differences, and whose Python rendering (numba) agrees with the machine code;
+differences, and whose Python rendering (numba) agrees with the machine code; the
+same model traced by sympy, derived on the graph;
 Robertson copies at the real threshold (the pattern, the values, code growing
 linearly); pickling; networks staying on the sympy path. No engine loop is
 compiled here.
@@ -137,10 +140,12 @@ def graph_mode(monkeypatch):
 
 @pytest.fixture(scope="module")
 def reference():
-    m = sm.Model(every, STATES, PARAMS)  # the sympy path (4 states)
-    with pytest.MonkeyPatch.context() as mp:  # its hvp too (compiled when first asked for)
-        mp.setattr(derivatives, "HVP_ON_GRAPH", False)
-        m.kernel_table("hvp")
+    """The same model on the sympy path, every kernel compiled there."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(derivatives, "GRAPH_FROM", 10**9)
+        m = sm.Model(every, STATES, PARAMS)
+        m.kernel_table("rhs", "jac", "spjac", "paramjac", "vjp", "hvp")
+    assert m._asm.sets["f"].gen.graph is None
     return m
 
 
@@ -172,19 +177,18 @@ def test_every_function_through_the_graph(graph_mode, reference, rng):
     assert not m._asm.sets["f"].gen.autonomous
 
 
-def test_second_order_kernels_of_small_models_come_from_the_graph(reference, rng):
-    # first order on the sympy path below `GRAPH_FROM`, the hvp derived on the graph: the
-    # same values as sympy's (Laske_PLOSComputBiol2019's hvp: 24 s by sympy, 0.4 s here)
+def test_small_functions_take_the_graph_path(reference, rng):
+    # at the real thresholds: traced by sympy (4 states), derived on the graph, the same
+    # kernels as sympy's (sympy's second derivatives of Laske_PLOSComputBiol2019's 34
+    # states took 24 s, the graph's 0.4 s)
     m = sm.Model(every, STATES, PARAMS)
-    assert m._asm.sets["f"].gen.graph is None and m._asm.sets["f"].gen._on_graph() is not None
+    assert m._trace.graph is None and m._asm.sets["f"].gen.graph is not None
     u, p, t = _point(rng)
+    close(m.jac(u, p, t), reference.jac(u, p, t), rtol=1e-12, atol=1e-13)
+    close(m.paramjac(u, p, t), reference.paramjac(u, p, t), rtol=1e-12, atol=1e-13)
     lam, v = rng.standard_normal(4), rng.standard_normal(4)
     for got, ref in zip(m.hvp(lam, v, u, p, t), reference.hvp(lam, v, u, p, t)):
         close(got, ref, rtol=1e-11, atol=1e-12)
-    net = Chain(2, Dense(3, "tanh"), Dense(1))  # network calls: sympy's, through their passes
-    ude = sm.Model(lambda u, p, t, nets: [-p.k * u[0] + nets.U(u)[0], u[0] - u[1]],
-                   ["a", "b"], ["k"], nets={"U": net})
-    assert ude._asm.sets["f"].gen._on_graph() is None
 
 
 def test_python_rendering_of_graph_kernels(graph_mode, rng, tmp_path):
