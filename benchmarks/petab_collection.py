@@ -427,8 +427,8 @@ def markdown(rows, amici=None):
     model (a peer's run), where there are some."""
     amici = amici or {}
     head = ("| model | states | params | llh | - AMICI | - AMICI here | - roadrunner | "
-            "- collection | fd | "
-            "llh s | grad s | fwd s | adj s | first s | AMICI fwd / adj s | AMICI ceilings fwd / adj s |")
+            "- collection | fd | llh s | grad s | fwd s | adj s | first s | "
+            "AMICI fwd / adj s | AMICI ceilings fwd / adj s |")
     ncol = head.count("|") - 1
     out = [head, "|" + "---|" * ncol]
     for r in rows:

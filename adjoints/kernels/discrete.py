@@ -23,6 +23,7 @@ import math
 
 import numpy as np
 
+from sciml._interpret import python, stand_in
 from sciml._jit import borrow, jit, keep_alive
 from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.erk import erk_stage_input, erk_weight
@@ -202,3 +203,68 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
             lam[c] = ubar[c]
         q = _obs_at_end(obs_t, G, lam, q, t)
     keep_alive(own)
+
+
+@stand_in(ros_reverse)
+def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
+    # the interpreter's (`sciml._interpret`): the same reverse pass, each stage's sums over
+    # the n states as numpy operations (the loops interpreted take n steps each; 34 states
+    # and 8 stages made the loops 5x the rest of a step)
+    m = fsys.m
+    n = lam.shape[0]
+    s = len(tab.c)
+    nh = len(tab.H) // s
+    a, C, H = tab.a.reshape(s, s), tab.C.reshape(s, s), tab.H.reshape(nh, s)
+    K, Kbar = np.zeros((s, n)), np.zeros((s, n))
+    f0, dT, U, r, znew, err = (np.zeros(n) for _ in range(6))
+    ubar, xbar, dTb = np.zeros(n), np.zeros(n), np.zeros(n)
+    d_t, d_z, d_seg = rec.d_t, rec.d_z, rec.d_seg
+    f, jac, factor = python(sys_f), python(sys_jac), python(sys_factor)
+    step, solve_t = python(ros_step), python(lin_solve_t)
+    hvp, vjp = python(calls.hvp), python(calls.vjp)
+    nonauto = not python(sys_autonomous)(fsys)
+    lin = fsys.lin
+    lam[:] = 0.0
+    q = python(_obs_at_end)(obs_t, G, lam, obs_t.shape[0] - 1, d_t[n_steps])
+    for j in range(n_steps - 1, -1, -1):
+        t = d_t[j]
+        h = d_t[j + 1] - t
+        u = d_z[j]
+        k = d_seg[j]
+        f(fsys, f0, u, t, k)
+        jac(fsys, u, t, k)
+        t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
+        if nonauto:
+            f(fsys, dT, u, t_fd, k)
+            dT[:] = (dT - f0) / (t_fd - t)
+        factor(fsys, 1.0 / (h * tab.gamma))
+        step(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
+        np.multiply.outer(tab.b, lam, out=Kbar)
+        ubar[:] = lam
+        dTb[:] = 0.0
+        while q >= 0 and obs_t[q] > t:
+            th = (obs_t[q] - t) / h
+            acc = np.zeros(s)
+            for jh in range(nh - 1, -1, -1):
+                acc = H[jh] + th * acc
+            Kbar += np.multiply.outer(th * tab.b + th * (1.0 - th) * acc, G[q])
+            ubar += G[q]
+            q -= 1
+        for i in range(s - 1, -1, -1):
+            rb = Kbar[i]
+            solve_t(lin, rb)
+            hvp(m, xbar, pbar, rb, K[i], u, t)
+            ubar += xbar
+            U[:] = u + a[i, :i] @ K[:i]
+            vjp(m, xbar, pbar, rb, U, t + tab.c[i] * h)
+            ubar += xbar
+            Kbar[:i] += np.multiply.outer(C[i, :i] / h, rb) + np.multiply.outer(a[i, :i], xbar)
+            dTb += (h * tab.d[i]) * rb
+        if nonauto:
+            dTb *= 1.0 / (t_fd - t)
+            vjp(m, xbar, pbar, dTb, u, t_fd)
+            ubar += xbar
+            vjp(m, xbar, pbar, -dTb, u, t)
+            ubar += xbar
+        lam[:] = ubar
+        q = python(_obs_at_end)(obs_t, G, lam, q, t)
