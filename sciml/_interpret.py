@@ -13,8 +13,8 @@ only to numba, and `python` gives each its plain-Python meaning:
 - an intrinsic: the stand-in given by `stand_in` beside its definition (a kernel call
   through its address becomes a ctypes call; ``borrow`` is the identity); a compiled or
   plain engine function may have one too, numpy or LAPACK doing what its loops do (the
-  Rosenbrock step, the LUs, forward sensitivities: 3-60x quicker than the loops
-  interpreted; `tests/sciml/test_stand_ins.py` runs solves with and without them).
+  Rosenbrock step and its reverse, the LUs, forward sensitivities: 3-60x quicker than the
+  loops interpreted; `tests/sciml/test_stand_ins.py` runs solves with and without them).
 
 ``math`` reads as numpy's functions, so that ``log(0)`` is ``-inf`` as in numba rather
 than an exception. Everything else (numpy, constants, named tuples) is used as it is.
