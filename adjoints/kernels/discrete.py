@@ -108,6 +108,22 @@ def erk_reverse(m, tab, rec, n_steps, obs_t, G, lam, pbar):
     keep_alive(own)
 
 
+@jit(inline="always")
+def _ros_step_again(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r):
+    """The forward step from ``u`` at ``t`` again, as the loop computed it (its stages in
+    ``K``, its factorisation in ``fsys``); returns the time of df/dt's forward difference."""
+    sys_f(fsys, f0, u, t, k)
+    sys_jac(fsys, u, t, k)
+    t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
+    if nonauto:
+        sys_f(fsys, dT, u, t_fd, k)
+        for i in range(f0.shape[0]):
+            dT[i] = (dT[i] - f0[i]) / (t_fd - t)
+    sys_factor(fsys, 1.0 / (h * tab.gamma))
+    ros_step(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
+    return t_fd
+
+
 @jit
 def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     """The discrete adjoint of a Rosenbrock solve (see the module text).
@@ -139,16 +155,7 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
         h = d_t[j + 1] - t
         u = d_z[j]
         k = d_seg[j]
-        # the forward step again, as the loop computed it
-        sys_f(fsys, f0, u, t, k)
-        sys_jac(fsys, u, t, k)
-        t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
-        if nonauto:
-            sys_f(fsys, dT, u, t_fd, k)
-            for i in range(n):
-                dT[i] = (dT[i] - f0[i]) / (t_fd - t)
-        sys_factor(fsys, 1.0 / (h * tab.gamma))
-        ros_step(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
+        t_fd = _ros_step_again(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
         # cotangents of the stages from u_new and from observations inside the step
         for i in range(s):
             for c in range(n):
@@ -219,8 +226,7 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     f0, dT, U, r, znew, err = (np.zeros(n) for _ in range(6))
     ubar, xbar, dTb = np.zeros(n), np.zeros(n), np.zeros(n)
     d_t, d_z, d_seg = rec.d_t, rec.d_z, rec.d_seg
-    f, jac, factor = python(sys_f), python(sys_jac), python(sys_factor)
-    step, solve_t = python(ros_step), python(lin_solve_t)
+    again, solve_t = python(_ros_step_again), python(lin_solve_t)
     hvp, vjp = python(calls.hvp), python(calls.vjp)
     nonauto = not python(sys_autonomous)(fsys)
     lin = fsys.lin
@@ -231,14 +237,7 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
         h = d_t[j + 1] - t
         u = d_z[j]
         k = d_seg[j]
-        f(fsys, f0, u, t, k)
-        jac(fsys, u, t, k)
-        t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
-        if nonauto:
-            f(fsys, dT, u, t_fd, k)
-            dT[:] = (dT - f0) / (t_fd - t)
-        factor(fsys, 1.0 / (h * tab.gamma))
-        step(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
+        t_fd = again(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
         np.multiply.outer(tab.b, lam, out=Kbar)
         ubar[:] = lam
         dTb[:] = 0.0
