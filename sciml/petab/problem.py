@@ -86,9 +86,10 @@ class PetabProblem:
         Default ``adjoints.ForwardSensitivity()`` where networks sit in the right-hand side
         (see `DEFAULT_SENSEALG`), else `adjoints.default_sensealg`'s choice for the model
         and solver (with Rodas5, `DiscreteAdjoint` up to 64 states, `GaussAdjoint`
-        beyond: the fastest on every model of the Benchmark-Models collection it was
-        measured on; forward sensitivities cost n_states x n_params extra states, 40x
-        the adjoint's time on Alkan_SciSignal2018's 73 conditions).
+        beyond: faster than forward sensitivities or `GaussAdjoint` on 27 of the
+        Benchmark-Models collection's 30 models of that size; forward sensitivities cost
+        n_states x n_params extra states, 40x the adjoint's time on Alkan_SciSignal2018's
+        73 conditions).
     rtol, atol : float
         Tolerances of the solves (default 1e-8, 1e-10).
 
