@@ -223,6 +223,9 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     nh = len(tab.H) // s
     a, C, H = tab.a.reshape(s, s), tab.C.reshape(s, s), tab.H.reshape(nh, s)
     K, Kbar = np.zeros((s, n)), np.zeros((s, n))
+    # their rows as the same objects at every step: the kernel calls' stand-ins remember
+    # the addresses of the arrays they were given (`calls._address`)
+    K_rows, Kbar_rows = list(K), list(Kbar)
     f0, dT, U, r, znew, err = (np.zeros(n) for _ in range(6))
     ubar, xbar, dTb = np.zeros(n), np.zeros(n), np.zeros(n)
     d_t, d_z, d_seg = rec.d_t, rec.d_z, rec.d_seg
@@ -250,9 +253,9 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
             ubar += G[q]
             q -= 1
         for i in range(s - 1, -1, -1):
-            rb = Kbar[i]
+            rb = Kbar_rows[i]
             solve_t(lin, rb)
-            hvp(m, xbar, pbar, rb, K[i], u, t)
+            hvp(m, xbar, pbar, rb, K_rows[i], u, t)
             ubar += xbar
             U[:] = u + a[i, :i] @ K[:i]
             vjp(m, xbar, pbar, rb, U, t + tab.c[i] * h)

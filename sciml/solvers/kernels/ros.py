@@ -110,6 +110,21 @@ def ros_step(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     return s - 1
 
 
+_SUMS = {}  # id(tableau) -> (tableau, its stage sums' coefficients)
+
+
+def _stage_sums(tab):
+    """(s, 2, s): stage st's two sums' coefficients, a's and C's rows (once a tableau)."""
+    hit = _SUMS.get(id(tab))
+    if hit is None or hit[0] is not tab:
+        if len(_SUMS) >= 16:
+            _SUMS.clear()
+        s = len(tab.c)
+        hit = _SUMS[id(tab)] = tab, np.stack((tab.a.reshape(s, s), tab.C.reshape(s, s)),
+                                             axis=1)
+    return hit[1]
+
+
 @stand_in(ros_step)
 def _ros_step_numpy(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     # the interpreter's (`sciml._interpret`): each stage's sums as matrix products and the
@@ -119,7 +134,7 @@ def _ros_step_numpy(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     f = python(sys_f).impl(sys, r, U, t, k)
     solve = python(sys_solve).impl(sys, r)
     mass = python(sys_mass)(sys)
-    aC = np.stack((tab.a.reshape(s, s), tab.C.reshape(s, s)), axis=1)  # stage st's two sums
+    aC = _stage_sums(tab)
     Kz, rz = K[:, :nz], r[:nz]
     ih = 1.0 / h
     for st in range(s):
