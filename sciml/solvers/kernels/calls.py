@@ -19,7 +19,6 @@ kernel was not compiled; the Python side fills the slots a call needs
 """
 
 import ctypes
-import operator
 
 from llvmlite import ir
 from numba import types
@@ -95,25 +94,18 @@ def _address(a, _view=ctypes.c_char.from_buffer, _at=ctypes.addressof):
 
 
 def _stand_in(n_before, n_after):
-    """The interpreter's call of a kernel: through ctypes, from the arrays' addresses (the
-    last call's, when it passed the same arrays: forward sensitivities' n products a
-    solve)."""
+    """The interpreter's call of a kernel: through ctypes, from the arrays' addresses."""
     fnty = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * n_before, ctypes.c_double,
                             *[ctypes.c_void_p] * n_after)
     kernels = {}
-    last = [((), ())]  # (the arrays, their addresses), replaced whole: threads read it too
 
     def call(addr, *args):
         interrupt()
         fn = kernels.get(addr)
         if fn is None:
             fn = kernels[addr] = fnty(int(addr))
-        arrays = args[:n_before] + args[n_before + 1:]
-        seen, at = last[0]
-        if not (len(seen) == len(arrays) and all(map(operator.is_, arrays, seen))):
-            at = tuple(map(_address, arrays))
-            last[0] = arrays, at
-        return fn(*at[:n_before], args[n_before], *at[n_before:])
+        return fn(*map(_address, args[:n_before]), args[n_before],
+                  *map(_address, args[n_before + 1:]))
 
     return call
 
