@@ -95,6 +95,39 @@ def make_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+# On an AVX-512 machine, the environment of `avx2_environment` (set by a benchmark's --avx2)
+AVX2_ONLY = os.environ.get("BENCH_AVX2_ONLY") == "1"
+
+
+def avx2_environment() -> dict[str, str]:
+    """Environment variables under which this machine runs the code an AVX2 machine
+    would: numba targets its features less AVX-512 (a Zen 4 as its AVX2 predecessor,
+    Zen 3), XLA keeps to AVX2, so do PyTorch's kernels and OpenBLAS (the BLAS roof). An
+    AVX-512 machine's stand-in for that class: on a Zen 4 (2026-12-07) `matrix_exp` gave
+    nets 2.66x jax-fori with it, where a Zen 3 gave 2.62-2.70x."""
+    import llvmlite.binding as ll
+
+    features = ll.get_host_cpu_features()
+    flags = [f"+{name}" for name, on in features.items() if on and not name.startswith("avx512")]
+    flags += [f"-{name}" for name in features if name.startswith("avx512")]
+    cpu = ll.get_host_cpu_name()
+    return {"NUMBA_CPU_NAME": {"znver4": "znver3"}.get(cpu, cpu),
+            "NUMBA_CPU_FEATURES": ",".join(flags),
+            "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX2").strip(),
+            "ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell",
+            "BENCH_AVX2_ONLY": "1"}
+
+
+def rerun_as_avx2(module: str, argv: Sequence[str] | None) -> int:
+    """Run benchmark ``module`` again in a process of `avx2_environment`, with ``argv``
+    less ``--avx2``; its exit status."""
+    import subprocess
+
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--avx2"]
+    env = dict(os.environ, **avx2_environment())
+    return subprocess.call([sys.executable, "-m", module, *argv], env=env)
+
+
 def available_cpus() -> int:
     """Number of cores this process may run on (respects taskset / cgroups affinity)."""
     try:
@@ -135,6 +168,8 @@ def machine_info(threads: int) -> dict[str, Any]:
         import platform
 
         cpu = platform.processor()
+    if AVX2_ONLY:
+        cpu += " (AVX2 code only: --avx2)"
     return {"cpus": available_cpus(), "threads": int(threads), "cpu": cpu}
 
 
@@ -196,6 +231,8 @@ def float32_peak(threads: int, features: str | None = None, vendor: str | None =
         "nominal" or "given"), ``nominal_ghz``, ``fma_bits`` and ``peak_gflops`` (the
         machine on `threads` cores).
     """
+    if features is None:  # what numba compiles for (``--avx2``: AVX-512 taken away)
+        features = os.environ.get("NUMBA_CPU_FEATURES")
     if features is None:
         try:
             import llvmlite.binding as ll

@@ -241,7 +241,12 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-per-thread", type=int, default=32, metavar="B",
                         help="minibatch size = B * threads (default 32)")
+    parser.add_argument("--avx2", action="store_true",
+                        help="on an AVX-512 machine: run AVX2 code only, as an AVX2 machine "
+                             "would (every implementation)")
     args = parser.parse_args(argv)
+    if args.avx2 and not H.AVX2_ONLY:
+        return H.rerun_as_avx2("benchmarks.lenet5", argv)
     threads = max(1, args.threads)
     bs = args.batch_per_thread * threads
     X, y, Xt, yt, source = load_data()

@@ -384,7 +384,12 @@ def main(argv=None) -> int:
         metavar="B",
         help="minibatch mode: epochs over the shuffled training set in minibatches of B",
     )
+    parser.add_argument("--avx2", action="store_true",
+                        help="on an AVX-512 machine: run AVX2 code only, as an AVX2 machine "
+                             "would (every implementation)")
     args = parser.parse_args(argv)
+    if args.avx2 and not H.AVX2_ONLY:
+        return H.rerun_as_avx2("benchmarks.matrix_exp", argv)
     cpus = H.available_cpus()
     threads = max(1, args.threads)
     # XLA reads its flags once, at backend start: set them before jax is imported.

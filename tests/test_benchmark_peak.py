@@ -53,3 +53,38 @@ def test_blas_roof_is_measured_before_and_after_a_timing():
         assert r["one"] > 0 and r["all"] > 0.5 * r["one"] and r["n"] == 256
     assert "during the timing" in lines
     assert f"{roof['before']['one']:.0f} / {roof['after']['one']:.0f} GFLOP/s" in lines
+
+
+_AVX2_CHECK = """
+import numba, numpy as np
+from benchmarks import _harness as H
+from nets import tiles
+
+@numba.njit(fastmath=True)
+def axpy(a, x, y):
+    for i in range(x.shape[0]):
+        y[i] += a * x[i]
+
+axpy(np.float32(2), np.ones(64, np.float32), np.ones(64, np.float32))
+asm = next(iter(axpy.inspect_asm().values()))
+print(H.AVX2_ONLY, tiles.VECTOR_BYTES, H.float32_peak(1, mhz=1000.0)["isa"], "zmm" in asm,
+      "ymm" in asm, H.machine_info(1)["cpu"].endswith("(AVX2 code only: --avx2)"))
+"""
+
+
+def test_the_avx2_environment_compiles_avx2_code_only():
+    """`--avx2` (matrix_exp, lenet5): numba's code, nets' tiles and the floor analysis
+    keep to AVX2 on any machine that has it."""
+    import os
+    import subprocess
+    import sys
+
+    import llvmlite.binding as ll
+
+    if not ll.get_host_cpu_features().get("avx2"):
+        pytest.skip("no AVX2 on this machine")
+    env = {**os.environ, **H.avx2_environment()}
+    assert "+avx512" not in env["NUMBA_CPU_FEATURES"] and "+avx2" in env["NUMBA_CPU_FEATURES"]
+    out = subprocess.run([sys.executable, "-c", _AVX2_CHECK], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.split()
+    assert out == ["True", "32", "AVX2+FMA", "False", "True", "True"]
