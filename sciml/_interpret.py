@@ -35,7 +35,7 @@ from numba.core.extending import _Intrinsic
 from numba.core.typing import templates
 
 __all__ = ["python", "stand_in", "NotInterpretable", "TooSlow", "interrupt", "deadline",
-           "ENGINE_MODULES"]
+           "by_identity", "ENGINE_MODULES"]
 
 #: the engine's modules: what `python` rebinds, what `sciml._tier` tiers
 ENGINE_MODULES = ("sciml.solvers.kernels", "adjoints.kernels")
@@ -127,9 +127,29 @@ class _Module:
         return value
 
 
-_TYPED = {}  # id(struct) -> (struct, the number of its numba type): the systems and
-# tableaus a loop passes to every hook call are the same objects call after call
+def by_identity(make, bound):
+    """``make`` as a function computed once per object and found again by the object's
+    identity: for what the interpreted loops pass call after call (the same systems,
+    tableaus and buffers), where hashing would cost more than the lookup or is not
+    defined (arrays). At most ``bound`` are kept, each with its object, which stays alive
+    meanwhile (so no other object takes its id)."""
+    table = {}
+    get = table.get
+
+    def lookup(obj):
+        hit = get(id(obj))
+        if hit is None or hit[0] is not obj:
+            if len(table) >= bound:
+                table.clear()
+            hit = table[id(obj)] = (obj, make(obj))
+        return hit[1]
+
+    return lookup
+
+
 _NUMBERS = {}  # numba type -> a small number (a nested type's hash is recomputed each time)
+# a struct's type as that number: the systems and tableaus a loop passes to every hook call
+_typed = by_identity(lambda a: _NUMBERS.setdefault(numba.typeof(a), len(_NUMBERS)), 256)
 
 
 def _key(a):
@@ -139,13 +159,7 @@ def _key(a):
     if type(a) is np.ndarray:
         return a.ndim, a.dtype
     if isinstance(a, tuple):
-        hit = _TYPED.get(id(a))
-        if hit is None or hit[0] is not a:
-            if len(_TYPED) > 256:  # (they hold their arrays)
-                _TYPED.clear()
-            ty = numba.typeof(a)
-            hit = _TYPED[id(a)] = (a, _NUMBERS.setdefault(ty, len(_NUMBERS)))
-        return hit[1]
+        return _typed(a)
     return type(a)
 
 

@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, overload
 
-from sciml._interpret import interrupt, stand_in
+from sciml._interpret import by_identity, interrupt, stand_in
 from sciml._jit import OPTIONS, jit
 
 from .linked import Linked, call_linked
@@ -72,25 +72,18 @@ def _caller(n_before, n_after):
     return typer
 
 
-_AT = {}  # id(array) -> (the array, its data's address): a loop's buffers come call after
-# call (held here while they are keys, so that no other array takes their id)
-
-
-def _address(a, _view=ctypes.c_char.from_buffer, _at=ctypes.addressof):
-    """The address of array ``a``'s data: remembered for the arrays seen last, else through
-    the buffer protocol, 2.5x quicker than ``a.ctypes.data`` (which the read-only, empty
-    and strided arrays that protocol refuses still take)."""
-    hit = _AT.get(id(a))
-    if hit is not None and hit[0] is a:
-        return hit[1]
+def _buffer_address(a, _view=ctypes.c_char.from_buffer, _at=ctypes.addressof):
+    """The address of array ``a``'s data: through the buffer protocol, 2.5x quicker than
+    ``a.ctypes.data`` (which the read-only, empty and strided arrays that protocol refuses
+    still take)."""
     try:
-        at = _at(_view(a))
+        return _at(_view(a))
     except (TypeError, ValueError, BufferError):
-        at = a.ctypes.data
-    if len(_AT) >= 256:  # (a bound on what it keeps alive)
-        _AT.clear()
-    _AT[id(a)] = (a, at)
-    return at
+        return a.ctypes.data
+
+
+# remembered for the arrays seen last: a loop's buffers come call after call
+_address = by_identity(_buffer_address, 256)
 
 
 def _stand_in(n_before, n_after):

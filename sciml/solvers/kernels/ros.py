@@ -26,7 +26,7 @@ import math
 
 import numpy as np
 
-from sciml._interpret import python, stand_in
+from sciml._interpret import by_identity, python, stand_in
 from sciml._jit import borrow, jit
 
 from .control import (
@@ -110,19 +110,13 @@ def ros_step(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     return s - 1
 
 
-_SUMS = {}  # id(tableau) -> (tableau, its stage sums' coefficients)
+def _stacked_sums(tab):
+    """(s, 2, s): stage st's two sums' coefficients, a's and C's rows."""
+    s = len(tab.c)
+    return np.stack((tab.a.reshape(s, s), tab.C.reshape(s, s)), axis=1)
 
 
-def _stage_sums(tab):
-    """(s, 2, s): stage st's two sums' coefficients, a's and C's rows (once a tableau)."""
-    hit = _SUMS.get(id(tab))
-    if hit is None or hit[0] is not tab:
-        if len(_SUMS) >= 16:
-            _SUMS.clear()
-        s = len(tab.c)
-        hit = _SUMS[id(tab)] = tab, np.stack((tab.a.reshape(s, s), tab.C.reshape(s, s)),
-                                             axis=1)
-    return hit[1]
+_stage_sums = by_identity(_stacked_sums, 16)  # once a tableau
 
 
 @stand_in(ros_step)
