@@ -129,10 +129,10 @@ class _Module:
 
 def by_identity(make, bound):
     """``make`` as a function computed once per object and found again by the object's
-    identity: for what the interpreted loops pass call after call (the same systems,
-    tableaus and buffers), where hashing would cost more than the lookup or is not
-    defined (arrays). At most ``bound`` are kept, each with its object, which stays alive
-    meanwhile (so no other object takes its id)."""
+    identity: for what the interpreted loops pass call after call (the same tableaus and
+    buffers), where hashing would cost more than the lookup or is not defined (arrays).
+    At most ``bound`` are kept, each with its object, which stays alive meanwhile (so no
+    other object takes its id)."""
     table = {}
     get = table.get
 
@@ -147,38 +147,26 @@ def by_identity(make, bound):
     return lookup
 
 
-_NUMBERS = {}  # numba type -> a small number (a nested type's hash is recomputed each time)
-# a struct's type as that number: the systems and tableaus a loop passes to every hook call
-_typed = by_identity(lambda a: _NUMBERS.setdefault(numba.typeof(a), len(_NUMBERS)), 256)
-
-
-def _key(a):
-    """What an overload's choice depends on, cheaper than `numba.typeof`: a struct's type
-    (by identity), an array's dimensions and dtype (the engine's overloads choose by their
-    structs; none by an array's layout), a number's class."""
-    if type(a) is np.ndarray:
-        return a.ndim, a.dtype
-    if isinstance(a, tuple):
-        return _typed(a)
-    return type(a)
-
-
 class _Chosen:
     """An overloaded stub: the implementation that numba's overload chooses for the types
-    of the arguments, interpreted."""
+    of the arguments, interpreted. Found again by the arguments' classes: every engine
+    overload chooses by the class of one argument (a system, a linear solver, a tableau,
+    a model; ``bind`` by None or not), none by the types of a struct's fields or of an
+    array, so the classes (`type`, a C call) are as good a key as numba's types and a
+    quarter of the cost of any finer one, at every hook call of an interpreted step."""
 
     def __init__(self, choose):
         self.choose = choose
         self.impls = {}
 
     def __call__(self, *args):
-        impl = self.impls.get(tuple(map(_key, args)))
+        impl = self.impls.get(tuple(map(type, args)))
         return (impl or self.impl(*args))(*args)
 
     def impl(self, *args):
         """The interpreted implementation for ``args``' types: for a caller that calls it
         again and again with arguments of the same types (a Rosenbrock step's stages)."""
-        key = tuple(map(_key, args))
+        key = tuple(map(type, args))
         impl = self.impls.get(key)
         if impl is None:
             chosen = self.choose(*(numba.typeof(a) for a in args))
