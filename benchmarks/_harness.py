@@ -102,9 +102,10 @@ AVX2_ONLY = os.environ.get("BENCH_AVX2_ONLY") == "1"
 def avx2_environment() -> dict[str, str]:
     """Environment variables under which this machine runs the code an AVX2 machine
     would: numba targets its features less AVX-512 (a Zen 4 as its AVX2 predecessor,
-    Zen 3), XLA keeps to AVX2, so do PyTorch's kernels and OpenBLAS (the BLAS roof). An
-    AVX-512 machine's stand-in for that class: on a Zen 4 (2026-12-07) `matrix_exp` gave
-    nets 2.66x jax-fori with it, where a Zen 3 gave 2.62-2.70x."""
+    Zen 3), XLA keeps to AVX2, so do PyTorch's kernels, oneDNN and MKL under it, and
+    OpenBLAS (the BLAS roof). An AVX-512 machine's stand-in for that class: on a Zen 4
+    (2026-12-07) `matrix_exp` gave nets 2.66x jax-fori with it, where a Zen 3 gave
+    2.62-2.70x."""
     import llvmlite.binding as ll
 
     features = ll.get_host_cpu_features()
@@ -114,7 +115,10 @@ def avx2_environment() -> dict[str, str]:
     return {"NUMBA_CPU_NAME": {"znver4": "znver3"}.get(cpu, cpu),
             "NUMBA_CPU_FEATURES": ",".join(flags),
             "XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_max_isa=AVX2").strip(),
-            "ATEN_CPU_CAPABILITY": "avx2", "OPENBLAS_CORETYPE": "Haswell",
+            # PyTorch's own kernels, and the libraries that dispatch apart from them: its
+            # convolutions (oneDNN) and matrix products (MKL) used AVX-512 without these
+            "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2", "OPENBLAS_CORETYPE": "Haswell",
             "BENCH_AVX2_ONLY": "1"}
 
 

@@ -88,3 +88,29 @@ def test_the_avx2_environment_compiles_avx2_code_only():
     out = subprocess.run([sys.executable, "-c", _AVX2_CHECK], env=env, capture_output=True,
                          text=True, timeout=300, check=True).stdout.split()
     assert out == ["True", "32", "AVX2+FMA", "False", "True", "True"]
+
+
+_TORCH_ISA = """
+import torch
+x = torch.randn(8, 1, 28, 28)
+torch.nn.Conv2d(1, 6, 5)(x).sum().backward()  # oneDNN's convolution
+a = torch.randn(256, 256)
+a @ a  # MKL's sgemm
+print("capability", torch.backends.cpu.get_cpu_capability())
+"""
+
+
+def test_the_avx2_environment_keeps_pytorchs_libraries_to_avx2():
+    """PyTorch's convolutions (oneDNN) and products (MKL) choose their code apart from its
+    own kernels: on an AVX-512 machine they used it under ``ATEN_CPU_CAPABILITY`` alone."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    env = {**os.environ, **H.avx2_environment(), "ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"}
+    out = subprocess.run([sys.executable, "-c", _TORCH_ISA], env=env, capture_output=True,
+                         text=True, timeout=300, check=True).stdout.splitlines()
+    isa = [s for s in out if "isa:" in s or "MKL_VERBOSE oneMKL" in s or "capability" in s]
+    assert len(isa) == 3, out
+    assert all("AVX2" in s and "512" not in s for s in isa), isa
