@@ -6,6 +6,7 @@ initial state, time span, parameters and doses; `solve` integrates it with
 one of the solvers (`Tsit5` by default) in one compiled loop.
 """
 
+from ._tier import compiled_only
 from .data import Data
 from .events import Event
 from .fit import LBFGS, FitResult, FitWarning, fit
@@ -31,5 +32,5 @@ __all__ = [
     "loss_and_grad", "loss_value", "Population",
     "fit", "FitResult", "FitWarning", "LBFGS",
     "fit_multistart", "MultistartResult", "StartFit",
-    "steady_state", "SteadyState", "SteadyStateResult",
+    "steady_state", "SteadyState", "SteadyStateResult", "compiled_only",
 ]

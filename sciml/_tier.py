@@ -94,7 +94,10 @@ _FITTING_LOCK = threading.Lock()
 
 class compiled_only(contextlib.ContextDecorator):
     """Inside it (or a function it decorates), no call runs interpreted: each waits for its
-    compiled loop (a fit, reproducible whatever the cache held)."""
+    compiled loop, so that its results are the same to the bit with a cold cache as with
+    a warm one. `sciml.fit` and `NLME.fit` run in it; public as `sciml.compiled_only`
+    for what a fit starts from (data simulated with `sciml.solve`: an interpreted solve
+    differs in the last bits, enough to send an optimiser to another minimum)."""
 
     def __enter__(self):
         with _FITTING_LOCK:

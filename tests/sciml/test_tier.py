@@ -181,8 +181,9 @@ def gradient():
                                atol=1e-10)
     return [float(v), *g.tolist()]
 if {fit}:
-    with _tier.compiled_only():  # what sciml.fit and NLME.fit run in
+    with sciml.compiled_only():  # what sciml.fit and NLME.fit run in
         first = gradient()
+        sciml.solve(prob, rtol=1e-8, atol=1e-10, saveat=data.t)  # data a fit would start from
 else:
     first = gradient()
 tiers = list(_tier._TIERS.values())
