@@ -69,13 +69,15 @@ def dense_forward(p, sizes: Sequence[int], h, act, xp=np):
     return h
 
 
-def make_parser(description: str) -> argparse.ArgumentParser:
+def make_parser(description: str, avx2: bool = False) -> argparse.ArgumentParser:
     """Return an argument parser with the options every benchmark shares.
 
     Parameters
     ----------
     description : str
         Text shown by ``--help``.
+    avx2 : bool
+        Also ``--avx2``: the benchmark run again with AVX2 code only (`rerun_as_avx2`).
 
     Returns
     -------
@@ -92,6 +94,10 @@ def make_parser(description: str) -> argparse.ArgumentParser:
         default=available_cpus(),
         help="threads for every implementation (default: all available cores)",
     )
+    if avx2:
+        p.add_argument("--avx2", action="store_true",
+                       help="on an AVX-512 machine: run AVX2 code only, as an AVX2 machine "
+                            "would (every implementation)")
     return p
 
 

@@ -237,13 +237,10 @@ def jax_impl(p0, X, y, Xt, yt, bs, threads, epochs):
 
 
 def main(argv=None) -> int:
-    parser = H.make_parser(__doc__.splitlines()[0])
+    parser = H.make_parser(__doc__.splitlines()[0], avx2=True)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-per-thread", type=int, default=32, metavar="B",
                         help="minibatch size = B * threads (default 32)")
-    parser.add_argument("--avx2", action="store_true",
-                        help="on an AVX-512 machine: run AVX2 code only, as an AVX2 machine "
-                             "would (every implementation)")
     args = parser.parse_args(argv)
     if args.avx2 and not H.AVX2_ONLY:
         return H.rerun_as_avx2("benchmarks.lenet5", argv)

@@ -376,7 +376,7 @@ def jax_impls(cfg: Config, p0, X, Y):
 
 def main(argv=None) -> int:
     """Parse the options, run every implementation, print (and write) the table."""
-    parser = H.make_parser(__doc__.splitlines()[0])
+    parser = H.make_parser(__doc__.splitlines()[0], avx2=True)
     parser.add_argument(
         "--batch-size",
         type=int,
@@ -384,9 +384,6 @@ def main(argv=None) -> int:
         metavar="B",
         help="minibatch mode: epochs over the shuffled training set in minibatches of B",
     )
-    parser.add_argument("--avx2", action="store_true",
-                        help="on an AVX-512 machine: run AVX2 code only, as an AVX2 machine "
-                             "would (every implementation)")
     args = parser.parse_args(argv)
     if args.avx2 and not H.AVX2_ONLY:
         return H.rerun_as_avx2("benchmarks.matrix_exp", argv)

@@ -55,6 +55,17 @@ def test_blas_roof_is_measured_before_and_after_a_timing():
     assert f"{roof['before']['one']:.0f} / {roof['after']['one']:.0f} GFLOP/s" in lines
 
 
+def _in_avx2_environment(code, **env):
+    """The standard output of ``python -c code`` under `H.avx2_environment` (and ``env``)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **H.avx2_environment(), **env}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300, check=True).stdout
+
+
 _AVX2_CHECK = """
 import numba, numpy as np
 from benchmarks import _harness as H
@@ -75,18 +86,13 @@ print(H.AVX2_ONLY, tiles.VECTOR_BYTES, H.float32_peak(1, mhz=1000.0)["isa"], "zm
 def test_the_avx2_environment_compiles_avx2_code_only():
     """`--avx2` (matrix_exp, lenet5): numba's code, nets' tiles and the floor analysis
     keep to AVX2 on any machine that has it."""
-    import os
-    import subprocess
-    import sys
-
     import llvmlite.binding as ll
 
     if not ll.get_host_cpu_features().get("avx2"):
         pytest.skip("no AVX2 on this machine")
-    env = {**os.environ, **H.avx2_environment()}
-    assert "+avx512" not in env["NUMBA_CPU_FEATURES"] and "+avx2" in env["NUMBA_CPU_FEATURES"]
-    out = subprocess.run([sys.executable, "-c", _AVX2_CHECK], env=env, capture_output=True,
-                         text=True, timeout=300, check=True).stdout.split()
+    features = H.avx2_environment()["NUMBA_CPU_FEATURES"]
+    assert "+avx512" not in features and "+avx2" in features
+    out = _in_avx2_environment(_AVX2_CHECK).split()
     assert out == ["True", "32", "AVX2+FMA", "False", "True", "True"]
 
 
@@ -103,14 +109,8 @@ print("capability", torch.backends.cpu.get_cpu_capability())
 def test_the_avx2_environment_keeps_pytorchs_libraries_to_avx2():
     """PyTorch's convolutions (oneDNN) and products (MKL) choose their code apart from its
     own kernels: on an AVX-512 machine they used it under ``ATEN_CPU_CAPABILITY`` alone."""
-    import os
-    import subprocess
-    import sys
-
     pytest.importorskip("torch")
-    env = {**os.environ, **H.avx2_environment(), "ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"}
-    out = subprocess.run([sys.executable, "-c", _TORCH_ISA], env=env, capture_output=True,
-                         text=True, timeout=300, check=True).stdout.splitlines()
+    out = _in_avx2_environment(_TORCH_ISA, ONEDNN_VERBOSE="1", MKL_VERBOSE="1").splitlines()
     isa = [s for s in out if "isa:" in s or "MKL_VERBOSE oneMKL" in s or "capability" in s]
     assert len(isa) == 3, out
     assert all("AVX2" in s and "512" not in s for s in isa), isa
