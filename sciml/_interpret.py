@@ -35,7 +35,7 @@ from numba.core.extending import _Intrinsic
 from numba.core.typing import templates
 
 __all__ = ["python", "stand_in", "NotInterpretable", "TooSlow", "interrupt", "deadline",
-           "by_identity", "ENGINE_MODULES"]
+           "by_identity", "per_call", "begin_call", "ENGINE_MODULES"]
 
 #: the engine's modules: what `python` rebinds, what `sciml._tier` tiers
 ENGINE_MODULES = ("sciml.solvers.kernels", "adjoints.kernels")
@@ -82,6 +82,23 @@ class deadline:
 
     def __exit__(self, *exc):
         _DEADLINE.at, _DEADLINE.until = self.saved
+
+
+_PER_CALL = []  # the stand-ins' tables that hold only within one interpreted call
+
+
+def per_call(table):
+    """``table`` (a dict), emptied as each interpreted call of a loop begins: for what a
+    stand-in keeps beside an engine buffer and stays true only while no compiled loop
+    writes that buffer, which within one interpreted call none does."""
+    _PER_CALL.append(table)
+    return table
+
+
+def begin_call():
+    """An interpreted call of a loop begins (`sciml._tier`): the `per_call` tables empty."""
+    for table in _PER_CALL:
+        table.clear()
 
 
 _STAND_INS = {}  # intrinsic, dispatcher or engine function -> its Python stand-in

@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 from numba.core.compiler_lock import global_compiler_lock
 
-from ._interpret import ENGINE_MODULES, NotInterpretable, TooSlow, deadline, python
+from ._interpret import ENGINE_MODULES, NotInterpretable, TooSlow, begin_call, deadline, python
 
 __all__ = ["ENABLED", "LIMIT", "entry", "compiled", "loaded", "compiled_only", "usable_cores",
            "one_blas_thread"]
@@ -108,6 +108,18 @@ class compiled_only(contextlib.ContextDecorator):
             _FITTING[0] -= 1
 
 
+def _on_disk(disp, sig):
+    """Whether the disk cache's index lists ``disp`` for ``sig`` (True where numba's cache
+    has no index to look into). numba prepares its compiler before it looks (0.2 s, once a
+    process): a cold process's first calls, which find nothing, need not wait for that."""
+    try:
+        cache = disp._cache
+        key = cache._index_key(sig, disp.targetctx.codegen())
+        return key in cache._cache_file._load_index()
+    except (AttributeError, OSError):  # caching off, another numba, an unreadable index:
+        return True  # numba's own look decides
+
+
 def loaded(disp, sig):
     """The compiled entry of ``disp`` for the argument types ``sig``, from memory or the
     disk cache; None if it would have to be compiled (numba's own first steps of
@@ -116,6 +128,8 @@ def loaded(disp, sig):
     if hit is not None:
         return hit.entry_point
     with global_compiler_lock:
+        if not _on_disk(disp, sig):
+            return None
         cres = disp._cache.load_overload(sig, disp.targetctx)
         if cres is None:
             return None
@@ -164,6 +178,7 @@ class Tier:
             try:
                 with (np.errstate(all="ignore"), deadline(self.left, self.job.done),
                       one_blas_thread()):
+                    begin_call()
                     return _boxed(python(self.disp)(*args))
             except (TooSlow, NotInterpretable, ArithmeticError, LookupError, ValueError,
                     TypeError):
@@ -214,6 +229,7 @@ def entry(disp, args):
 def _interpreted(disp):
     def run(*args):
         with np.errstate(all="ignore"), one_blas_thread():
+            begin_call()
             return _boxed(python(disp)(*args))
 
     return run

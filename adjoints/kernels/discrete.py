@@ -212,25 +212,41 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     keep_alive(own)
 
 
+def _later_couplings(tab):
+    """(s, 2s): row i holds ``C_li`` at column 2l and ``a_li`` at 2l + 1, the weights by
+    which the later stages' (rbar_l, xbar_l) reach stage i's cotangent."""
+    s = len(tab.c)
+    out = np.zeros((s, 2 * s))
+    out[:, 0::2] = tab.C.reshape(s, s).T
+    out[:, 1::2] = tab.a.reshape(s, s).T
+    return out
+
+
 @stand_in(ros_reverse)
 def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
-    # the interpreter's (`sciml._interpret`): the same reverse pass, each stage's sums over
-    # the n states as numpy operations (the loops interpreted take n steps each; 34 states
-    # and 8 stages made the loops 5x the rest of a step)
+    # the interpreter's (`sciml._interpret`): the same reverse pass with each stage's sums
+    # over the n states as numpy operations (the loops interpreted take n steps each; 34
+    # states and 8 stages made the loops 5x the rest of a step). A stage's cotangent is
+    # gathered when it is reached, as one product with the rows (rbar_l, xbar_l) the later
+    # stages left in Z, rather than scattered into every earlier stage as each is done:
+    # four numpy calls a stage instead of thirteen.
     m = fsys.m
     n = lam.shape[0]
     s = len(tab.c)
     nh = len(tab.H) // s
-    a, C, H = tab.a.reshape(s, s), tab.C.reshape(s, s), tab.H.reshape(nh, s)
-    K, Kbar = np.zeros((s, n)), np.zeros((s, n))
+    a, H = tab.a.reshape(s, s), tab.H.reshape(nh, s)
+    later = _later_couplings(tab)
+    per_h = np.ones(2 * s)  # per step: 1/h on the C columns
+    back = np.empty((s, 2 * s))
+    K, Kbar, Z, HX = np.zeros((s, n)), np.zeros((s, n)), np.zeros((2 * s, n)), np.zeros((s, n))
     # their rows as the same objects at every step: the kernel calls' stand-ins remember
     # the addresses of the arrays they were given (`calls._address`)
-    K_rows, Kbar_rows = list(K), list(Kbar)
+    K_rows, Kbar_rows, Z_rows, HX_rows = list(K), list(Kbar), list(Z), list(HX)
     f0, dT, U, r, znew, err = (np.zeros(n) for _ in range(6))
-    ubar, xbar, dTb = np.zeros(n), np.zeros(n), np.zeros(n)
+    ubar, dTb = np.zeros(n), np.zeros(n)
     d_t, d_z, d_seg = rec.d_t, rec.d_z, rec.d_seg
-    again, solve_t = python(_ros_step_again), python(lin_solve_t)
-    hvp, vjp = python(calls.hvp), python(calls.vjp)
+    again, hvp, vjp = python(_ros_step_again), python(calls.hvp), python(calls.vjp)
+    solve_t = python(lin_solve_t).impl(fsys.lin, ubar)
     nonauto = not python(sys_autonomous)(fsys)
     lin = fsys.lin
     lam[:] = 0.0
@@ -243,7 +259,6 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
         t_fd = again(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
         np.multiply.outer(tab.b, lam, out=Kbar)
         ubar[:] = lam
-        dTb[:] = 0.0
         while q >= 0 and obs_t[q] > t:
             th = (obs_t[q] - t) / h
             acc = np.zeros(s)
@@ -252,21 +267,27 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
             Kbar += np.multiply.outer(th * tab.b + th * (1.0 - th) * acc, G[q])
             ubar += G[q]
             q -= 1
+        per_h[0::2] = 1.0 / h
+        np.multiply(later, per_h, out=back)
         for i in range(s - 1, -1, -1):
-            rb = Kbar_rows[i]
+            rb = Z_rows[2 * i]
+            np.dot(back[i, 2 * i + 2:], Z[2 * i + 2:], out=rb)
+            rb += Kbar_rows[i]
             solve_t(lin, rb)
-            hvp(m, xbar, pbar, rb, K_rows[i], u, t)
-            ubar += xbar
-            U[:] = u + a[i, :i] @ K[:i]
-            vjp(m, xbar, pbar, rb, U, t + tab.c[i] * h)
-            ubar += xbar
-            Kbar[:i] += np.multiply.outer(C[i, :i] / h, rb) + np.multiply.outer(a[i, :i], xbar)
-            dTb += (h * tab.d[i]) * rb
-        if nonauto:
-            dTb *= 1.0 / (t_fd - t)
-            vjp(m, xbar, pbar, dTb, u, t_fd)
-            ubar += xbar
-            vjp(m, xbar, pbar, -dTb, u, t)
-            ubar += xbar
+            # through the Jacobian in W: d/d(u, p) of rbar_i^T J K_i
+            hvp(m, HX_rows[i], pbar, rb, K_rows[i], u, t)
+            # through f at the stage's input
+            np.dot(a[i, :i], K[:i], out=U)
+            U += u
+            vjp(m, Z_rows[2 * i + 1], pbar, rb, U, t + tab.c[i] * h)
+        ubar += HX.sum(axis=0)
+        ubar += Z[1::2].sum(axis=0)
+        if nonauto:  # dT = (f(t_fd, u) - f(t, u)) / (t_fd - t), as computed
+            np.dot(tab.d * (h / (t_fd - t)), Z[0::2], out=dTb)
+            vjp(m, HX_rows[0], pbar, dTb, u, t_fd)
+            ubar += HX_rows[0]
+            np.negative(dTb, out=dTb)
+            vjp(m, HX_rows[0], pbar, dTb, u, t)
+            ubar += HX_rows[0]
         lam[:] = ubar
         q = python(_obs_at_end)(obs_t, G, lam, q, t)

@@ -149,3 +149,33 @@ def test_the_shifted_factorisation_agrees_with_its_loops(mass, sign):
     assert ok == lu._factor_shifted_lapack(W2, J, 3.0, mass, sign, p2)
     np.testing.assert_array_equal(p2, p1)
     np.testing.assert_allclose(W2, W1, rtol=1e-12, atol=1e-14)
+
+
+def test_lapacks_own_factors_serve_the_solves_of_one_interpreted_call_only():
+    """The dense LU's stand-in solves from LAPACK's own copy of the factors, which it keeps
+    beside the engine's buffer: only until the next interpreted call begins, as a compiled
+    loop may have factored another matrix into that buffer meanwhile."""
+    from scipy.linalg import lapack
+
+    rng = np.random.default_rng(3)
+    A, B = (rng.standard_normal((6, 6)) + 6.0 * np.eye(6) for _ in range(2))
+    W, piv, b = A.copy(), np.zeros(6, dtype=np.int64), rng.standard_normal(6)
+    factor, solve = _interpret.python(lu.lu_factor_into), _interpret.python(lu.lu_solve_into)
+    solve_t = _interpret.python(lu.lu_solve_transposed_into)
+    _interpret.begin_call()
+    assert factor(W, piv) == 0
+    for fn, M in ((solve, A), (solve_t, A.T)):
+        x = b.copy()
+        fn(x, W, piv)
+        np.testing.assert_allclose(M @ x, b, rtol=1e-12, atol=1e-12)
+    X = rng.standard_normal((6, 3))  # several right-hand sides (C order: through a copy)
+    Y = X.copy()
+    solve(Y, W, piv)
+    np.testing.assert_allclose(A @ Y, X, rtol=1e-12, atol=1e-12)
+    # a compiled loop's factorisation of B in the same buffer (the same layout and pivots)
+    f, p, _ = lapack.dgetrf(B)
+    W[...], piv[:] = f, p
+    _interpret.begin_call()
+    x = b.copy()
+    solve(x, W, piv)
+    np.testing.assert_allclose(B @ x, b, rtol=1e-12, atol=1e-12)

@@ -110,42 +110,48 @@ def ros_step(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
     return s - 1
 
 
-def _stacked_sums(tab):
-    """(s, 2, s): stage st's two sums' coefficients, a's and C's rows."""
+def _lower_parts(tab):
+    """(a, C, (b; e)): the tableau's matrices as contiguous arrays, for products."""
     s = len(tab.c)
-    return np.stack((tab.a.reshape(s, s), tab.C.reshape(s, s)), axis=1)
+    return (np.ascontiguousarray(tab.a.reshape(s, s)), np.ascontiguousarray(tab.C.reshape(s, s)),
+            np.stack((tab.b, tab.e)))
 
 
-_stage_sums = by_identity(_stacked_sums, 16)  # once a tableau
+_lower = by_identity(_lower_parts, 16)  # once a tableau
+_rows = by_identity(list, 64)  # a stage array's rows as the same objects at every step
 
 
 @stand_in(ros_step)
 def _ros_step_numpy(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
-    # the interpreter's (`sciml._interpret`): each stage's sums as matrix products and the
-    # system's hooks chosen once a step, ~3x quicker than the loops interpreted
+    # the interpreter's (`sciml._interpret`): each stage's sums as vector products and the
+    # system's hooks chosen once a step, ~3x quicker than the loops interpreted. A stage
+    # is computed in its row of K (the same row objects at every step: the kernel calls'
+    # stand-ins remember the addresses of the arrays they were given, `calls._address`)
     s = len(tab.c)
-    nz = z.shape[0]
     f = python(sys_f).impl(sys, r, U, t, k)
     solve = python(sys_solve).impl(sys, r)
     mass = python(sys_mass)(sys)
-    aC = _stage_sums(tab)
-    Kz, rz = K[:, :nz], r[:nz]
-    ih = 1.0 / h
+    a, C, be = _lower(tab)
+    Ch = C * (1.0 / h)
+    rows = _rows(K)  # (both callers' stage rows are as long as z)
     for st in range(s):
+        row = rows[st]
         if st == 0:
-            rz[:] = f0[:nz]
+            row[:] = f0
         else:
-            sums = aC[st, :, :st] @ Kz[:st]
-            U[:nz] = z + sums[0]
-            f(sys, r, U, t + tab.c[st] * h, k)
-            sums[1] *= ih
-            rz += sums[1] if mass.shape[0] == 0 else mass * sums[1]
+            np.dot(a[st, :st], K[:st], out=U)
+            U += z
+            f(sys, row, U, t + tab.c[st] * h, k)
+            np.dot(Ch[st, :st], K[:st], out=err)  # scratch until the end
+            if mass.shape[0] != 0:
+                err *= mass
+            row += err
         if nonauto:
-            rz += (h * tab.d[st]) * dT[:nz]
-        solve(sys, r)
-        Kz[st] = rz
-    znew[:nz] = z + tab.b @ Kz[:s]
-    err[:nz] = tab.e @ Kz[:s]
+            row += (h * tab.d[st]) * dT
+        solve(sys, row)
+    out = be @ K
+    np.add(z, out[0], out=znew)
+    err[:] = out[1]
     return s - 1
 
 

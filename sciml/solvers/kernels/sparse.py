@@ -31,7 +31,7 @@ import numpy as np
 from sciml._interpret import python, stand_in
 from sciml._jit import jit
 
-from .lu import lapack
+from .lu import getrs_into, lapack
 
 
 class SparseLU(NamedTuple):
@@ -317,7 +317,7 @@ def _dense_solver(loops, trans):
         hit = _DENSE.get(id(LU))
         if hit is None or hit[0] is not LU or not np.isnan(LU[0]):
             return python(loops.py_func)(s, LU, x)
-        x[:] = lapack("dgetrs")(hit[1], hit[2], x, trans=trans)[0]
+        getrs_into(x, hit[1], hit[2], trans)
 
     return solve_dense
 
