@@ -207,7 +207,9 @@ def read_sbml(path):
     for ia in m.getListOfInitialAssignments():
         initial[ia.getSymbol()] = math(ia.getMath(), f"initial assignment of {ia.getSymbol()!r}")
 
-    rhs = {s: sympy.Integer(0) for s in dynamic}
+    # each state's terms summed once at the end: sympy sorts a sum's terms at every `+`,
+    # which a species in many reactions made quadratic (SalazarCavazos_MBoC2020: 0.5 s)
+    terms = {s: [] for s in dynamic}
     for r in m.getListOfReactions():
         rid = r.getId()
         if r.isSetFast() and r.getFast():
@@ -225,12 +227,13 @@ def read_sbml(path):
                         symbol(ref.getId()) in assignments or ref.getId() in rates)):
                     raise PetabError(f"{path}: reaction {rid!r}: the stoichiometry of "
                                      f"{sid!r} varies, which is not supported")
-                if sid not in rhs:
+                if sid not in terms:
                     continue  # boundary or constant species: reactions do not change it
                 st = ref.getStoichiometry() if ref.isSetStoichiometry() else 1.0
                 comp = symbol(m.getSpecies(sid).getCompartment())
                 term = sign * sympy.Float(st) * v
-                rhs[sid] += term if amount[sid] else term / comp
+                terms[sid].append(term if amount[sid] else term / comp)
+    rhs = {s: sympy.Add(*t) for s, t in terms.items()}
     for var, e in rates.items():
         if var in amount and not amount[var]:
             pass  # a rate rule on a concentration species gives d[S]/dt directly
