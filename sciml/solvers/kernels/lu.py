@@ -170,12 +170,11 @@ def _factor_lapack(A, piv):
 
 
 def getrs_into(x, lu, piv, trans):
-    """``x`` = the solution from LAPACK's factors ``(lu, piv)``, in place where LAPACK can
-    write it (a vector, or a matrix in Fortran order), through a copy where it cannot."""
-    if x.flags.f_contiguous:
-        lapack("dgetrs")(lu, piv, x, trans=trans, overwrite_b=1)
-    else:
-        x[...] = lapack("dgetrs")(lu, piv, x, trans=trans)[0]
+    """``x`` = the solution from LAPACK's factors ``(lu, piv)``: written in place where
+    LAPACK can (a vector, a matrix in Fortran order), else copied back."""
+    out = lapack("dgetrs")(lu, piv, x, trans=trans, overwrite_b=1)[0]
+    if out is not x:
+        x[...] = out
 
 
 def _solver_lapack(trans):
