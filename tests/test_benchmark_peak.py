@@ -113,4 +113,8 @@ def test_the_avx2_environment_keeps_pytorchs_libraries_to_avx2():
     out = _in_avx2_environment(_TORCH_ISA, ONEDNN_VERBOSE="1", MKL_VERBOSE="1").splitlines()
     isa = [s for s in out if "isa:" in s or "MKL_VERBOSE oneMKL" in s or "capability" in s]
     assert len(isa) == 3, out
-    assert all("AVX2" in s and "512" not in s for s in isa), isa
+    assert all("512" not in s for s in isa), isa
+    # MKL names the instructions it chose on Intel processors only (on an AMD EPYC its
+    # line says "Intel(R) Architecture processors" and nothing more)
+    named = [s for s in isa if "MKL_VERBOSE" not in s or "Intel(R) AVX" in s]
+    assert len(named) >= 2 and all("AVX2" in s for s in named), isa
