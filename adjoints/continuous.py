@@ -88,7 +88,7 @@ def integrate_backward(job, method, sys, stops_b, z, n_err, h0=0.0, n_forward=0)
     budget = job.max_steps + BUDGET_PER_STEP * n_forward + BUDGET_PER_STOP * stops_b.shape[0]
     ctl = job.solver.control(rtol, atol, h0 or None, budget)
     rec = record(z.shape[0])
-    status, _ = job.solver._loop()(sys, job.solver.engine_tableau(), ctl, stops_b, z, rec)
+    status, _, _ = job.solver._loop()(sys, job.solver.engine_tableau(), ctl, stops_b, z, rec)
     if status != 0:
         raise SolveFailed(f"{type(method).__name__}: the backward solve failed: "
                           f"{STATUS_TEXT.get(int(status), status)}")

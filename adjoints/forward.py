@@ -110,7 +110,7 @@ class ForwardSensitivity(SensitivityAlgorithm):
             else:
                 z[n:] = _initial_sensitivities(job, p_buf)[:, cols].ravel()
             rec = record(nz, job.obs_t)
-            status, t_end = call(sys, tab, ctl, job.sched.stops, z, rec)
+            status, t_end, _ = call(sys, tab, ctl, job.sched.stops, z, rec)
             if status != 0:
                 raise SolveFailed(f"ForwardSensitivity: the augmented solve failed: "
                                   f"{STATUS_TEXT.get(int(status), status)}")

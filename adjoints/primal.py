@@ -13,7 +13,7 @@ import numpy as np
 from sciml._jit import compiled, entry_point
 from sciml.solvers import common
 from sciml.solvers.base import STATUS_TEXT, SUCCESS
-from sciml.solvers.kernels.family import integrate_stored
+from sciml.solvers.kernels.family import FAMILIES
 from sciml.solvers.kernels.structs import S_NACC, record
 
 
@@ -103,17 +103,15 @@ def forward(job, dense, needs=(), u0=None):
     sys = job.system(*needs)
     tab = job.solver.engine_tableau()
     ctl = job.control()
-    z0 = job.prob.initial_state(job.p) if u0 is None else np.array(u0, dtype=np.float64)
-    stops = job.sched.stops
-    if dense:
+    z = job.prob.initial_state(job.p) if u0 is None else np.array(u0, dtype=np.float64)
+    if dense:  # the same loop as without: its record's types are the same (one compile)
         cap = common.capacity(job.sched, job.max_steps, None if job.solver.adaptive else job.dt)
-        status, t_end, rec, z = integrate_stored(sys, tab, ctl, stops, z0, job.obs_t, cap)
-        n_steps = int(rec.stats[S_NACC])
+        rec = record(job.n, job.obs_t, dense=True, rows=FAMILIES[type(tab)].store_rows(tab),
+                     cap=cap)
     else:
         rec = record(job.n, job.obs_t)
-        z = z0
-        status, t_end = job.solver._loop()(sys, tab, ctl, stops, z, rec)
-        n_steps = 0
+    status, t_end, rec = job.solver._loop()(sys, tab, ctl, job.sched.stops, z, rec)
+    n_steps = int(rec.stats[S_NACC]) if dense else 0
     return State(rec.save_z, int(status), float(t_end), sys, tab, rec, n_steps, z)
 
 
@@ -142,7 +140,7 @@ def prepare_values(job):
         p_buf[:] = p
         z = job.prob.initial_state(p_buf) if u0 is None else np.array(u0, dtype=np.float64)
         rec = record(job.n, job.obs_t)
-        status, t_end = call(sys, tab, ctl, stops, z, rec)
+        status, t_end, _ = call(sys, tab, ctl, stops, z, rec)
         return State(rec.save_z, int(status), float(t_end), sys, tab, rec, 0, z)
 
     return run

@@ -177,7 +177,7 @@ def _backward(sys, tab, ctl_b, stops_b, z, stats):
                  np.zeros((0, z.shape[0])), np.zeros((0, 0, z.shape[0])),
                  np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64),
                  np.zeros(6, dtype=np.int64))
-    status, t = integrate(sys, tab, ctl_b, stops_b, z, rec)
+    status, t, _ = integrate(sys, tab, ctl_b, stops_b, z, rec)
     stats[1] = rec.stats[S_NFEV]
     stats[2] = rec.stats[S_NACC]
     return status
@@ -232,7 +232,7 @@ def grad_interp_checkpointed(kern, tab, ctl, ctl_b, u0, p, span, data, grad, sta
     rec = Record(breaks, ub, False, no_f, False, no_f, np.zeros((0, n)), np.zeros((0, 0, n)),
                  np.zeros(0, dtype=np.int8), no_i, np.zeros(6, dtype=np.int64))
     stops = np.array([span[0], span[1]])
-    status, t = integrate(fsys, tab, ctl, stops, u0.copy(), rec)
+    status, t, _ = integrate(fsys, tab, ctl, stops, u0.copy(), rec)
     if status != SUCCESS:
         return status, math.inf
     at_obs = np.empty((obs_t.shape[0], n))

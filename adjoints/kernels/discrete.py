@@ -2,8 +2,9 @@
 
 The exact gradient of the computed solution, step sizes held fixed. Each
 reverse step rebuilds what the forward step computed from the stored data
-with the same step code (`erk_stage_input`; for Rosenbrock the whole step is
-recomputed by `ros_step`, whose stages are not stored) and runs its adjoint:
+with the same step code (`erk_stage_input`, `ros_stage_input`: each family's
+stored steps hold its stages; a Rosenbrock step's Jacobian and factorisation
+are computed again, not stored) and runs its adjoint:
 
 - explicit RK: the stage cotangents ``Kbar_i = h b_i lambda`` (plus the
   interpolant's weights for observations inside the step), then, last stage
@@ -28,8 +29,8 @@ from sciml._jit import borrow, jit, keep_alive
 from sciml.solvers.kernels import calls
 from sciml.solvers.kernels.erk import erk_stage_input, erk_weight
 from sciml.solvers.kernels.linsolve import lin_solve_t
-from sciml.solvers.kernels.ros import ros_stage_input, ros_step
-from sciml.solvers.kernels.system import sys_autonomous, sys_f, sys_factor, sys_jac
+from sciml.solvers.kernels.ros import ros_stage_input
+from sciml.solvers.kernels.system import sys_autonomous, sys_factor, sys_jac
 
 _EPS = 2.220446049250313e-16
 
@@ -109,19 +110,17 @@ def erk_reverse(m, tab, rec, n_steps, obs_t, G, lam, pbar):
 
 
 @jit(inline="always")
-def _ros_step_again(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r):
-    """The forward step from ``u`` at ``t`` again, as the loop computed it (its stages in
-    ``K``, its factorisation in ``fsys``); returns the time of df/dt's forward difference."""
-    sys_f(fsys, f0, u, t, k)
+def _ros_step_again(fsys, tab, rec, j, K, u, t, h, k):
+    """What the reverse of forward step ``j`` (from ``u`` at ``t``) reads of it: its stages,
+    as stored (`ros_dense_rows`), into ``K``, and its factorisation, computed again as the
+    loop computed it, in ``fsys``; returns the time of df/dt's forward difference."""
     sys_jac(fsys, u, t, k)
-    t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
-    if nonauto:
-        sys_f(fsys, dT, u, t_fd, k)
-        for i in range(f0.shape[0]):
-            dT[i] = (dT[i] - f0[i]) / (t_fd - t)
     sys_factor(fsys, 1.0 / (h * tab.gamma))
-    ros_step(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
-    return t_fd
+    o = 1 + len(tab.H) // len(tab.c)
+    for i in range(K.shape[0]):
+        for c in range(K.shape[1]):
+            K[i, c] = rec.d_k[j, o + i, c]
+    return t + math.sqrt(_EPS) * max(1.0, abs(t))
 
 
 @jit
@@ -136,14 +135,13 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     n = lam.shape[0]
     s = len(tab.c)
     nh = len(tab.H) // s
-    own = np.zeros((2 * s + 9) * n)
+    own = np.zeros((2 * s + 4) * n)
     buf = borrow(own)
     K = buf[:s * n].reshape((s, n))
     Kbar = buf[s * n:2 * s * n].reshape((s, n))
     o = 2 * s * n
-    f0, dT, U = buf[o:o + n], buf[o + n:o + 2 * n], buf[o + 2 * n:o + 3 * n]
-    r, znew, err = buf[o + 3 * n:o + 4 * n], buf[o + 4 * n:o + 5 * n], buf[o + 5 * n:o + 6 * n]
-    ubar, xbar, dTb = buf[o + 6 * n:o + 7 * n], buf[o + 7 * n:o + 8 * n], buf[o + 8 * n:]
+    U, ubar, xbar, dTb = (buf[o:o + n], buf[o + n:o + 2 * n], buf[o + 2 * n:o + 3 * n],
+                          buf[o + 3 * n:])
     d_t, d_z, d_seg = rec.d_t, rec.d_z, rec.d_seg
     nonauto = not sys_autonomous(fsys)
     lin = fsys.lin
@@ -155,7 +153,7 @@ def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
         h = d_t[j + 1] - t
         u = d_z[j]
         k = d_seg[j]
-        t_fd = _ros_step_again(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
+        t_fd = _ros_step_again(fsys, tab, rec, j, K, u, t, h, k)
         # cotangents of the stages from u_new and from observations inside the step
         for i in range(s):
             for c in range(n):
@@ -242,10 +240,10 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     # their rows as the same objects at every step: the kernel calls' stand-ins remember
     # the addresses of the arrays they were given (`calls._address`)
     K_rows, Kbar_rows, Z_rows, HX_rows = list(K), list(Kbar), list(Z), list(HX)
-    f0, dT, U, r, znew, err = (np.zeros(n) for _ in range(6))
-    ubar, dTb = np.zeros(n), np.zeros(n)
-    d_t, d_z, d_seg = rec.d_t, rec.d_z, rec.d_seg
-    again, hvp, vjp = python(_ros_step_again), python(calls.hvp), python(calls.vjp)
+    U, ubar, dTb = np.zeros(n), np.zeros(n), np.zeros(n)
+    d_t, d_z, d_seg, stages = rec.d_t, rec.d_z, rec.d_seg, rec.d_k[:, 1 + nh:, :n]
+    jac, factor = python(sys_jac), python(sys_factor)
+    hvp, vjp = python(calls.hvp), python(calls.vjp)
     solve_t = python(lin_solve_t).impl(fsys.lin, ubar)
     nonauto = not python(sys_autonomous)(fsys)
     lin = fsys.lin
@@ -256,7 +254,11 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
         h = d_t[j + 1] - t
         u = d_z[j]
         k = d_seg[j]
-        t_fd = again(fsys, tab, K, u, znew, err, t, h, k, f0, dT, nonauto, U, r)
+        # (`_ros_step_again`, its loops as one copy)
+        jac(fsys, u, t, k)
+        factor(fsys, 1.0 / (h * tab.gamma))
+        K[:] = stages[j]
+        t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
         np.multiply.outer(tab.b, lam, out=Kbar)
         ubar[:] = lam
         while q >= 0 and obs_t[q] > t:

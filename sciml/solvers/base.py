@@ -156,14 +156,10 @@ class Solver:
         cap = common.capacity(sched, max_steps, None if self.adaptive else dt)
         tab = self.engine_tableau()
         ctl = self.control(rtol, atol, dt, max_steps)
-        while True:  # storage for every step: a guess, grown and the solve rerun if short
-            rec = record(n, np.zeros(0) if every else saveat, every, bool(dense), self._rows(),
-                         cap)
-            z = common.consistent(prob.model, prob.initial_state(p), p, sched.stops[0])
-            status, t_end = self._loop()(sys, tab, ctl, sched.stops, z, rec)
-            if status != _ctl.NEED_STORAGE:
-                break
-            cap = min(4 * cap, max_steps + 1)
+        # storage for every step: a guess, which the loop grows where it is short
+        rec = record(n, np.zeros(0) if every else saveat, every, bool(dense), self._rows(), cap)
+        z = common.consistent(prob.model, prob.initial_state(p), p, sched.stops[0])
+        status, t_end, rec = self._loop()(sys, tab, ctl, sched.stops, z, rec)
         st = rec.stats
         k = int(st[S_NSAVE])
         t = rec.all_t[:k].copy() if every else saveat[:k].copy()

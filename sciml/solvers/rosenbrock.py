@@ -86,7 +86,7 @@ class Rodas5(Solver):
         """Write the dense-output state at sorted times `t` (in the solved interval) into
         `out` (len(t), n); a time on a step boundary gives the state after any dose there."""
         _ros.ros_store_eval(dense.rec, dense.n_steps, np.ascontiguousarray(t, dtype=np.float64),
-                            out)
+                            out, self.tableau.n_dense)
         return out
 
 

@@ -27,10 +27,10 @@ def test_status_codes_agree():
     # the compiled loops' codes (kernels.control) are the ones the Python side reports
     assert (ctl.SUCCESS, ctl.MAX_STEPS, ctl.DT_UNDERFLOW, ctl.NONFINITE) == (
         base.SUCCESS, base.MAX_STEPS, base.DT_UNDERFLOW, base.NONFINITE)
-    codes = (ctl.SUCCESS, ctl.MAX_STEPS, ctl.DT_UNDERFLOW, ctl.NONFINITE, ctl.NEED_STORAGE)
-    assert len(set(codes)) == 5 and ctl.NEED_STORAGE == 4
-    # every code a solve can end with has a text; NEED_STORAGE never leaves `Solver._run`
-    assert set(base.STATUS_TEXT) == set(codes) - {ctl.NEED_STORAGE}
+    codes = (ctl.SUCCESS, ctl.MAX_STEPS, ctl.DT_UNDERFLOW, ctl.NONFINITE)
+    assert len(set(codes)) == 4
+    # every code a solve can end with has a text
+    assert set(base.STATUS_TEXT) == set(codes)
     assert base.STATUS_TEXT[base.SUCCESS] == "success"
 
 

@@ -20,7 +20,7 @@ import adjoints
 import sciml
 from adjoints.kernels import discrete, systems
 from sciml import _interpret
-from sciml.solvers.kernels import control, lu, ros, sparse
+from sciml.solvers.kernels import control, lu, record, ros, sparse
 from sciml.solvers.tableaus import RODAS5
 
 STANDING_IN = {ros.ros_step: ros._ros_step_numpy, ros.ros_interp: ros._ros_interp_numpy,
@@ -35,7 +35,9 @@ STANDING_IN = {ros.ros_step: ros._ros_step_numpy, ros.ros_interp: ros._ros_inter
                sparse.solve_transposed: sparse._solve_transposed_dense,
                control.err_norm2: control._err_norm2_numpy,
                control.all_finite: control._all_finite_numpy,
-               discrete.ros_reverse: discrete._ros_reverse_numpy}
+               discrete.ros_reverse: discrete._ros_reverse_numpy,
+               record._copy_rows: record._copy_rows_numpy, record.copy_row: record._copy_row_numpy,
+               ros._advance: ros._advance_numpy}
 
 
 def _forced():
@@ -64,6 +66,12 @@ def _runs(stand_ins):
     prob, data = _forced()
     kw = dict(rtol=1e-8, atol=1e-10)
     out = {"forced": sciml.solve(prob, sciml.Rodas5(), saveat=data.t, **kw).u}
+    # every step saved and stored: storage grown by the loop (room for 64 steps at first);
+    # its dense output, not its steps' times (1e-5 apart here: another order of the same
+    # sums changes an error estimate's last bits, which its cancellation magnifies)
+    every = sciml.solve(prob, sciml.Rodas5(), dense=True, **kw)
+    assert every.stats["n_accepted"] > 64
+    out["every"] = np.concatenate([every.u[-1], every(data.t - 0.01).ravel()])
     for linsolve in ("dense", "sparse"):  # BDF's Newton iterations on both LUs
         out[f"bdf {linsolve}"] = sciml.solve(prob, sciml.BDF(linsolve=linsolve),
                                              saveat=data.t, **kw).u
@@ -126,17 +134,19 @@ def test_the_step_rows_and_interpolant_agree_with_their_loops():
     s, nh = len(tab.c), len(tab.H) // len(tab.c)
     for n, cols in ((9, 9), (3, 5)):  # fewer outputs than the rows' columns too
         K, znew = rng.standard_normal((s, cols)), rng.standard_normal(n)
-        D1, D2 = np.zeros((1 + nh, cols)), np.full((1 + nh, cols), 7.0)
-        ros.ros_dense_rows.py_func(tab, D1, znew, K)
-        ros._ros_dense_rows_numpy(tab, D2, znew, K)
-        np.testing.assert_allclose(D2[:, :n], D1[:, :n], rtol=1e-13, atol=1e-14)
-        assert np.all(D2[:, n:] == 7.0)  # columns past the state's untouched
-        z0 = rng.standard_normal(cols)
-        for theta in (0.0, 0.4, 1.0):
-            a, b = np.zeros(n), np.full(n, np.nan)
-            ros.ros_interp.py_func(a, theta, z0, D1)
-            ros._ros_interp_numpy(b, theta, z0, D1)
-            np.testing.assert_allclose(b, a, rtol=1e-13, atol=1e-14)
+        for rows in (1 + nh, 1 + nh + s):  # a solve's stored steps; a discrete adjoint's
+            D1, D2 = np.zeros((rows, cols)), np.full((rows, cols), 7.0)
+            ros.ros_dense_rows.py_func(tab, D1, znew, K)
+            ros._ros_dense_rows_numpy(tab, D2, znew, K)
+            np.testing.assert_allclose(D2[:, :n], D1[:, :n], rtol=1e-13, atol=1e-14)
+            assert np.all(D2[:, n:] == 7.0)  # columns past the state's untouched
+            z0 = rng.standard_normal(cols)
+            for theta in (0.0, 0.4, 1.0):
+                a, b = np.zeros(n), np.full(n, np.nan)
+                ros.ros_interp.py_func(a, theta, z0, D1, nh)
+                ros._ros_interp_numpy(b, theta, z0, D1, nh)
+                np.testing.assert_allclose(b, a, rtol=1e-13, atol=1e-14)
+        np.testing.assert_array_equal(D1[1 + nh:, :n], K[:, :n])
 
 
 @pytest.mark.parametrize("mass", [None, [1.0, 0.0, 2.5, 1.0]])

@@ -19,8 +19,7 @@ from sciml._jit import jit
 from .system import sys_f
 
 # Status codes returned by every compiled loop (those of `sciml.solvers.base`).
-# NEED_STORAGE: the record's storage is full (the caller reruns with more).
-SUCCESS, MAX_STEPS, DT_UNDERFLOW, NONFINITE, NEED_STORAGE = 0, 1, 2, 3, 4
+SUCCESS, MAX_STEPS, DT_UNDERFLOW, NONFINITE = 0, 1, 2, 3
 
 # log(1e-4): the previous step's error assumed at the start and after a jump (DOPRI5's).
 LOG_ERR0 = -9.210340371976182

@@ -7,8 +7,8 @@ new family adds here.
 
 - ``integrate(sys, tab, ctl, stops, z, rec)``: the family's loop, called where
   it is written (an intrinsic: no function of its own between a caller and the
-  loop); `integrate_stored` runs it with per-step storage that grows until it
-  suffices (inlined into its callers for the same reason);
+  loop); `integrate_stored` runs it with per-step storage (inlined into its
+  callers for the same reason);
 - ``stored_state``, ``store_rows``, ``step_interp``: the family's functions of
   those names (`loop.Family` says what each does; a family without stages, as
   BDF, has no ``step_interp``, which only quadrature adjoints' own backward
@@ -28,7 +28,6 @@ from sciml._interpret import python, stand_in
 from sciml._jit import OPTIONS, jit
 
 from . import bdf, erk, ros
-from .control import NEED_STORAGE
 from .structs import BDFTableau, ERKTableau, Record, RosTableau
 
 # The registered families, by the type of their tableau.
@@ -93,21 +92,18 @@ def _integrate(sys, tab, ctl, stops, z, rec):
 
 @jit(inline="always")
 def integrate_stored(sys, tab, ctl, stops, z0, save_t, cap):
-    """Integrate from ``z0`` saving at ``save_t`` and storing every step (capacity ``cap``,
-    quadrupled and the solve rerun while it is not enough).
+    """Integrate from ``z0`` saving at ``save_t`` and storing every step (room for ``cap``
+    at first: the loop grows it).
 
     Returns ``(status, t_end, rec, z)``: the record (`structs.Record`) and the final state.
     """
     nz = z0.shape[0]
     rows = store_rows(tab)
     cap = max(cap, 1)
-    while True:
-        z = z0.copy()
-        rec = Record(save_t, np.zeros((save_t.shape[0], nz)), False, np.zeros(0), True,
-                     np.zeros(cap + 1), np.zeros((cap + 1, nz)), np.zeros((cap, rows, nz)),
-                     np.zeros(cap, dtype=np.int8), np.zeros(cap, dtype=np.int64),
-                     np.zeros(6, dtype=np.int64))
-        status, t = integrate(sys, tab, ctl, stops, z, rec)
-        if status != NEED_STORAGE or cap > ctl.max_steps:
-            return status, t, rec, z
-        cap = 4 * cap
+    z = z0.copy()
+    rec = Record(save_t, np.zeros((save_t.shape[0], nz)), False, np.zeros(0), True,
+                 np.zeros(cap + 1), np.zeros((cap + 1, nz)), np.zeros((cap, rows, nz)),
+                 np.zeros(cap, dtype=np.int8), np.zeros(cap, dtype=np.int64),
+                 np.zeros(6, dtype=np.int64))
+    status, t, rec = integrate(sys, tab, ctl, stops, z, rec)
+    return status, t, rec, z

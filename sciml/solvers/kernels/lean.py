@@ -127,9 +127,9 @@ def _make(folded, code):
         rec = Record(borrow(save_t), borrow(out_u), False, no_f, False, no_f, no2,
                      buf[:0].reshape((0, 0, n)), stats[:0].view(np.int8), no_i, stats)
         if fold:
-            status, t_end = _integrate_inlined(sys, folded, ctl, stops, z, rec)
+            status, t_end, _ = _integrate_inlined(sys, folded, ctl, stops, z, rec)
         else:
-            status, t_end = erk_integrate(sys, tab, ctl, stops, z, rec)
+            status, t_end, _ = erk_integrate(sys, tab, ctl, stops, z, rec)
         for i in range(ns):
             keep[i] = save_t[i]
         for i in range(n):

@@ -5,11 +5,10 @@ Every family's loop (`erk.erk_integrate`, `ros.ros_integrate`,
 (`family_loop`). The loop owns what every integration does alike: it starts at
 ``stops[0]``, lands on every stop (the family sizes the steps; a stop is where
 a dose, an infusion's start or end, a parameter change or an adjoint's jump
-acts through ``sys_event``), records saves and stored steps (`record`), stops
-at the step budget or when its storage is full (NEED_STORAGE: the caller
-reruns with more), and counts. The family owns its arithmetic and the state it
-carries from step to step: a tuple ``st`` that its functions return anew (the
-seven stubs below say what each does).
+acts through ``sys_event``), records saves and stored steps (`record`, whose
+storage it grows when full), stops at the step budget, and counts. The family
+owns its arithmetic and the state it carries from step to step: a tuple ``st``
+that its functions return anew (the seven stubs below say what each does).
 
 `family_loop` compiles `integrate`'s code with the family's seven functions in
 place of the stubs, as a function of the family's own name (cached under it):
@@ -25,8 +24,8 @@ from typing import NamedTuple
 
 from sciml._jit import borrow, jit, keep_alive
 
-from .control import MAX_STEPS, NEED_STORAGE, SUCCESS
-from .record import record_at, record_counts, saves_inside, set_at, storage_full
+from .control import MAX_STEPS, SUCCESS
+from .record import grown, record_at, record_counts, saves_inside, set_at, storage_full
 from .system import sys_event
 
 # How one try at a step ended (`attempt`).
@@ -86,8 +85,11 @@ STEP = (work, begin, attempt, accept, interp, advance, after)
 def integrate(sys, tab, ctl, stops, z, rec):
     """Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with the family's step. ``z``
     is the state in and out; records into ``rec`` (`structs.Record`). Returns ``(status,
-    t)``: a status code of `control` and the time reached."""
-    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))  # see sciml._jit
+    t, rec)``: a status code of `control`, the time reached and the record (``rec``
+    itself, or a larger one with its contents where its storage for every step filled)."""
+    # (see sciml._jit; ``kept`` is the record returned: a borrowed array has no owner)
+    kept = rec
+    sys, tab, ctl, stops, z, rec = borrow((sys, tab, ctl, stops, z, rec))
     own, wk = work(sys, tab, ctl, z)
     save_t, save_z = rec.save_t, rec.save_z
     nseg = stops.shape[0] - 1
@@ -104,8 +106,9 @@ def integrate(sys, tab, ctl, stops, z, rec):
             status = MAX_STEPS
             break
         if storage_full(rec, nsave, nacc):
-            status = NEED_STORAGE
-            break
+            kept = grown(kept, nsave, nacc)  # (owned arrays: it keeps some)
+            rec = borrow(kept)
+            save_z = rec.save_z
         outcome, status, t_new, lands, st, df, dj, dl = attempt(sys, tab, ctl, stops, z, wk, st,
                                                                 t, k)
         nfev += df
@@ -139,7 +142,7 @@ def integrate(sys, tab, ctl, stops, z, rec):
         sp, nsave = record_at(rec, t, z, sp, nsave, nacc)
     keep_alive(own)
     record_counts(rec, nfev, nacc, nrej, sp, nsave, njac, nlu)
-    return status, t
+    return status, t, kept
 
 
 def family_loop(name, doc, *step):

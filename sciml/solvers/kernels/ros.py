@@ -157,7 +157,9 @@ def _ros_step_numpy(sys, tab, K, z, znew, err, t, h, k, f0, dT, nonauto, U, r):
 
 @jit(inline="always")
 def ros_dense_rows(tab, D, znew, K):
-    """A step's stored rows: ``D[0] = znew``, ``D[1 + j] = sum_i H[j, i] K_i``."""
+    """A step's stored rows: ``D[0] = znew``, ``D[1 + j] = sum_i H[j, i] K_i`` (the
+    interpolant's), then the stages ``K_i`` themselves where ``D`` has room for them (a
+    discrete adjoint's forward solve: its reverse pass reads them, `_store_rows`)."""
     s = len(tab.c)
     nh = len(tab.H) // s
     for m in range(znew.shape[0]):
@@ -168,6 +170,9 @@ def ros_dense_rows(tab, D, znew, K):
             for i in range(s):
                 acc += tab.H[jh * s + i] * K[i, m]
             D[1 + jh, m] = acc
+    for i in range(D.shape[0] - 1 - nh):
+        for m in range(znew.shape[0]):
+            D[1 + nh + i, m] = K[i, m]
 
 
 @stand_in(ros_dense_rows)
@@ -178,12 +183,15 @@ def _ros_dense_rows_numpy(tab, D, znew, K):
     n = znew.shape[0]
     D[0, :n] = znew
     D[1:1 + nh, :n] = tab.H.reshape(nh, s) @ K[:s, :n]
+    if D.shape[0] > 1 + nh:
+        D[1 + nh:, :n] = K[:s, :n]
 
 
 @jit(inline="always")
-def ros_interp(out, theta, z0, D):
-    """The interpolant at ``theta`` from the step's start ``z0`` and stored rows ``D``."""
-    nd = D.shape[0]
+def ros_interp(out, theta, z0, D, nh):
+    """The interpolant at ``theta`` from the step's start ``z0`` and stored rows ``D`` (its
+    ``nh`` interpolant rows after the end state)."""
+    nd = 1 + nh
     th1 = 1.0 - theta
     for m in range(out.shape[0]):
         acc = D[nd - 1, m]
@@ -206,8 +214,8 @@ def _interp_numpy(out, theta, z0, end, rows):
 
 
 @stand_in(ros_interp)
-def _ros_interp_numpy(out, theta, z0, D):
-    _interp_numpy(out, theta, z0, D[0], D[1:])
+def _ros_interp_numpy(out, theta, z0, D, nh):
+    _interp_numpy(out, theta, z0, D[0], D[1:1 + nh])
 
 
 @jit(inline="always")
@@ -301,7 +309,7 @@ def _accept(sys, tab, z, work, st, t, t_new, k, want, d_k, j):
 
 @jit(inline="always")
 def _interp(tab, work, st, D, out, ts, t, t_new, z):
-    ros_interp(out, (ts - t) / st[1], z, D)
+    ros_interp(out, (ts - t) / st[1], z, D, len(tab.H) // len(tab.c))
 
 
 @jit(inline="always")
@@ -309,6 +317,11 @@ def _advance(tab, z, work, st, lands):
     znew = work[5]
     for m in range(z.shape[0]):
         z[m] = znew[m]
+
+
+@stand_in(_advance)
+def _advance_numpy(tab, z, work, st, lands):
+    z[:] = work[5]
 
 
 @jit(inline="always")
@@ -324,39 +337,42 @@ ros_integrate = family_loop(
     "ros_integrate",
     "Integrate ``sys`` from ``stops[0]`` to ``stops[-1]`` with a Rosenbrock method "
     "(`loop.integrate`): one Jacobian per accepted step and one factorisation per "
-    "attempted step; stored steps hold ``1 + nh`` rows (`ros_dense_rows`). Returns "
-    "``(status, t)``.",
+    "attempted step; stored steps hold ``1 + nh`` rows, then the stages where there is "
+    "room (`ros_dense_rows`). Returns ``(status, t, rec)``.",
     _work, _begin, _attempt, _accept, _interp, _advance, _after)
 
 
 @jit
-def ros_store_at(rec, n_steps, out, tt, k, j):
+def ros_store_at(rec, n_steps, out, tt, k, j, nh):
     """``out`` = the stored Rosenbrock solution at ``tt`` in segment ``k`` (``k < 0``: any),
-    searching from step ``j``; returns the step used."""
+    searching from step ``j``; returns the step used. ``nh``: the interpolant's rows."""
     j = find_step(rec, n_steps, tt, k, j)
     h = rec.d_t[j + 1] - rec.d_t[j]
-    ros_interp(out, (tt - rec.d_t[j]) / h, rec.d_z[j], rec.d_k[j])
+    ros_interp(out, (tt - rec.d_t[j]) / h, rec.d_z[j], rec.d_k[j], nh)
     return j
 
 
 @jit
-def ros_store_eval(rec, n_steps, tq, out):
-    """Dense output at sorted times ``tq`` (q,) into ``out`` (q, nz), right-continuous."""
+def ros_store_eval(rec, n_steps, tq, out, nh):
+    """Dense output at sorted times ``tq`` (q,) into ``out`` (q, nz), right-continuous
+    (``nh``: the interpolant's rows of a stored step)."""
     j = 0
     for q in range(tq.shape[0]):
         tt = tq[q]
         if n_steps == 0 or tt >= rec.d_t[n_steps]:
             copy_row(out, q, rec.d_z[n_steps])
             continue
-        j = ros_store_at(rec, n_steps, out[q], tt, -1, j)
+        j = ros_store_at(rec, n_steps, out[q], tt, -1, j, nh)
 
 
 def _stored_state(ftab, fsys, rec, n_steps, out, t, k, j, tmp):
-    return ros_store_at(rec, n_steps, out, t, k, j)
+    return ros_store_at(rec, n_steps, out, t, k, j, len(ftab.H) // len(ftab.c))
 
 
 def _store_rows(tab):
-    return 1 + len(tab.H) // len(tab.c)
+    # the end state, the interpolant's rows and the stages (`ros_dense_rows`): the
+    # discrete adjoint's reverse pass reads the stages instead of computing them again
+    return 1 + len(tab.H) // len(tab.c) + len(tab.c)
 
 
 def _step_interp(tab, out, theta, h, z, znew, K, w):

@@ -125,7 +125,6 @@ def analyse(jptr, jidx, n, ordering="mmd"):
     (natural order and no fill: the pattern of an incomplete LU, for `krylov`).
     """
     import scipy.sparse as sp
-    from scipy.sparse.csgraph import reverse_cuthill_mckee
     from scipy.sparse.linalg import splu
 
     jptr = np.ascontiguousarray(jptr, dtype=np.int64)
@@ -136,6 +135,8 @@ def analyse(jptr, jidx, n, ordering="mmd"):
     if ordering == "ilu0":
         perm = np.arange(n, dtype=np.int64)
     elif ordering == "rcm":
+        from scipy.sparse.csgraph import reverse_cuthill_mckee  # (0.07 s to import)
+
         perm = reverse_cuthill_mckee(S.tocsr(), symmetric_mode=True).astype(np.int64)
     elif n > 2:
         # Only the column ordering is wanted; a diagonally dominant matrix on the
