@@ -476,6 +476,26 @@ def test_storage_grows_inside_the_one_solve(monkeypatch, saveat):
     np.testing.assert_array_equal(small(tq), ref(tq))
 
 
+def test_a_gradient_through_grown_storage_is_the_one_with_room(monkeypatch):
+    # the discrete adjoint's forward pass stores every step (stages too) and saves at the
+    # observations: the grown record must hold all of it, the arrays it keeps included
+    # (a record that kept its first arrays borrowed gave garbage once they were freed)
+    import gc
+
+    import adjoints
+
+    t = np.linspace(10.0, 3000.0, 40)
+    data = sciml.Data(t, np.ones((t.size, 2)))
+    kw = dict(solver=Rodas5(), sensealg=adjoints.DiscreteAdjoint(), rtol=1e-6, atol=1e-6)
+    ref = sciml.loss_and_grad(vdp_prob(), data, **kw)
+    monkeypatch.setattr(common, "capacity", lambda *a, **k: 3)
+    small = sciml.loss_and_grad(vdp_prob(), data, **kw)
+    gc.collect()
+    junk = [np.full(64, 7.0) for _ in range(1000)]  # memory freed too early is reused
+    np.testing.assert_array_equal(small[1], ref[1])
+    assert small[0] == ref[0] and len(junk) == 1000
+
+
 # One call of the compiled loop from Python allocates one NRT MemInfo per array in its
 # arguments (unboxing, freed on return) plus its own scratch: a fixed number, whatever
 # the steps, doses and save times (Python-side numpy buffers are not NRT allocations).
