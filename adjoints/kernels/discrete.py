@@ -123,6 +123,16 @@ def _ros_step_again(fsys, tab, rec, j, K, u, t, h, k):
     return t + math.sqrt(_EPS) * max(1.0, abs(t))
 
 
+@stand_in(_ros_step_again)
+def _ros_step_again_numpy(fsys, tab, rec, j, K, u, t, h, k):
+    # the interpreter's: the stages' copy as one
+    python(sys_jac)(fsys, u, t, k)
+    python(sys_factor)(fsys, 1.0 / (h * tab.gamma))
+    o = 1 + len(tab.H) // len(tab.c)
+    K[:] = rec.d_k[j, o:o + K.shape[0], :K.shape[1]]
+    return t + math.sqrt(_EPS) * max(1.0, abs(t))
+
+
 @jit
 def ros_reverse(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     """The discrete adjoint of a Rosenbrock solve (see the module text).
@@ -241,9 +251,8 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
     # the addresses of the arrays they were given (`calls._address`)
     K_rows, Kbar_rows, Z_rows, HX_rows = list(K), list(Kbar), list(Z), list(HX)
     U, ubar, dTb = np.zeros(n), np.zeros(n), np.zeros(n)
-    d_t, d_z, d_seg, stages = rec.d_t, rec.d_z, rec.d_seg, rec.d_k[:, 1 + nh:, :n]
-    jac, factor = python(sys_jac), python(sys_factor)
-    hvp, vjp = python(calls.hvp), python(calls.vjp)
+    d_t, d_z, d_seg = rec.d_t, rec.d_z, rec.d_seg
+    again, hvp, vjp = python(_ros_step_again), python(calls.hvp), python(calls.vjp)
     solve_t = python(lin_solve_t).impl(fsys.lin, ubar)
     nonauto = not python(sys_autonomous)(fsys)
     lin = fsys.lin
@@ -254,11 +263,7 @@ def _ros_reverse_numpy(fsys, tab, rec, n_steps, obs_t, G, lam, pbar):
         h = d_t[j + 1] - t
         u = d_z[j]
         k = d_seg[j]
-        # (`_ros_step_again`, its loops as one copy)
-        jac(fsys, u, t, k)
-        factor(fsys, 1.0 / (h * tab.gamma))
-        K[:] = stages[j]
-        t_fd = t + math.sqrt(_EPS) * max(1.0, abs(t))
+        t_fd = again(fsys, tab, rec, j, K, u, t, h, k)
         np.multiply.outer(tab.b, lam, out=Kbar)
         ubar[:] = lam
         while q >= 0 and obs_t[q] > t:

@@ -36,6 +36,7 @@ STANDING_IN = {ros.ros_step: ros._ros_step_numpy, ros.ros_interp: ros._ros_inter
                control.err_norm2: control._err_norm2_numpy,
                control.all_finite: control._all_finite_numpy,
                discrete.ros_reverse: discrete._ros_reverse_numpy,
+               discrete._ros_step_again: discrete._ros_step_again_numpy,
                record._copy_rows: record._copy_rows_numpy, record.copy_row: record._copy_row_numpy,
                ros._advance: ros._advance_numpy}
 
