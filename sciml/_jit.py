@@ -62,16 +62,20 @@ def _tiered(disp):
     return disp
 
 
-def jit(*args, **kwargs):
+def jit(*args, once=False, **kwargs):
     """`nets._config.jit`; ``inline="always"`` inlines flat (`_flat`); an engine function's
-    first calls from Python are tiered (`_tiered`)."""
+    first calls from Python are tiered (`_tiered`). ``once``: a function called once per
+    model, not per solve (an analysis of its sparsity), which a cold session's background
+    compile takes up after the loops (`sciml._tier`)."""
     if kwargs.get("inline") == "always":
         kwargs["inline"] = _flat
 
     def decorate(fn):
         if kwargs.get("inline") is _flat:
             _INLINED.add(fn)
-        return _tiered(_jit(**kwargs)(fn))
+        disp = _tiered(_jit(**kwargs)(fn))
+        disp.once = once
+        return disp
 
     return decorate(args[0]) if args and callable(args[0]) else decorate
 

@@ -48,7 +48,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from ._interpret import ENGINE_MODULES, NotInterpretable, TooSlow, begin_call, deadline, python
 
 __all__ = ["ENABLED", "LIMIT", "entry", "compiled", "loaded", "compiled_only", "usable_cores",
-           "one_blas_thread"]
+           "one_blas_thread", "prepare"]
 
 ENABLED = os.environ.get("SCIML_INTERPRET", "1") != "0"
 ALWAYS = os.environ.get("SCIML_INTERPRET") == "always"
@@ -280,6 +280,7 @@ class _Compiler:
     def __init__(self):
         self.proc = None
         self.jobs = {}
+        self.idle = []  # (job, line) of one-off functions, sent when no loop is left
         self.names = {}
         self.lock = threading.Lock()
 
@@ -299,12 +300,29 @@ class _Compiler:
                 return None
             job = self.jobs[key] = _Job()
             line = base64.b64encode(pickle.dumps((key, *name, sig))) + b"\n"
-            try:
-                self.proc.stdin.write(line)
-                self.proc.stdin.flush()
-            except OSError:
-                job.done.set()
+            if getattr(disp, "once", False):
+                self.idle.append((job, line))  # after the loops (`_send_idle`)
+            else:
+                self._send(job, line)
             return job
+
+    def _send(self, job, line):
+        try:
+            self.proc.stdin.write(line)
+            self.proc.stdin.flush()
+        except OSError:
+            job.done.set()
+
+    def _send_idle(self):
+        """The one-off functions asked for (``once``: a model's sparsity analysis, which
+        the interpreter runs in milliseconds and numba compiles in 3 to 5 s), once a loop
+        is compiled and none is left: they would hold up the loops that every solve runs.
+        Called with the lock held."""
+        held = {id(job) for job, _ in self.idle}
+        if held and all(job.done.is_set() for job in self.jobs.values() if id(job) not in held):
+            for job, line in self.idle:
+                self._send(job, line)
+            self.idle = []
 
     def _start(self):
         if self.proc is not None:
@@ -332,12 +350,39 @@ class _Compiler:
             elif job is not None:
                 job.ok = status == "ok"
                 job.done.set()
+                with self.lock:
+                    self._send_idle()
         with self.lock:  # the process ended: nothing more will come
             for job in self.jobs.values():
                 job.done.set()
 
 
 _COMPILER = _Compiler()
+
+
+def _cold(disp):
+    """Whether the disk cache's folder of ``disp`` (an engine function: they share one)
+    holds no compiled function of the engine yet."""
+    try:
+        folder = disp._cache._cache_path
+    except AttributeError:  # caching off, another numba: no guess
+        return False
+    try:
+        return not any(name.endswith(".nbi") for name in os.listdir(folder))
+    except OSError:  # not made yet
+        return True
+
+
+def prepare(disp):
+    """Start the background process now if the engine's disk cache is empty (a first session
+    on this machine, or after an upgrade): its own start (Python, numba and the engine
+    imported: ~1.2 s) then overlaps the building of a model instead of following its first
+    solve. ``disp``: any engine function, whose cache folder is looked into. Nothing where
+    the tiers are off or the cache has compiled code (a warm session starts no process)."""
+    if not ENABLED or ALWAYS or _COMPILER.proc is not None or not _cold(disp):
+        return
+    with _COMPILER.lock:
+        _COMPILER._start()
 
 
 def _forked():

@@ -195,6 +195,7 @@ class Model:
     _mass = None  # the mass matrix's diagonal, for M du/dt = f (None: an ODE)
 
     def __init__(self, f, states, params, nets=None, observables=None, mass_matrix=None):
+        _compile_ahead()
         states, params, nets, observables = self._check(states, params, nets, observables)
         self._mass = _mass_diagonal(mass_matrix, len(states))
         trace = trace_model(f, states, params, nets)
@@ -283,6 +284,7 @@ class Model:
         """
         from ._hatch import wrap_kernels
 
+        _compile_ahead()
         states, params, _, observables = cls._check(states, params, None, observables)
         if isinstance(ws_size, bool) or not isinstance(ws_size, (int, np.integer)) \
                 or ws_size < 0:
@@ -587,6 +589,15 @@ class Model:
         y = np.empty(self.n_obs)
         self._call("obs", (y, u, p), t)
         return y
+
+
+def _compile_ahead():
+    """A model is built: its solves follow. With a cold disk cache, the background compiler
+    starts now, beside the tracing (`sciml._tier.prepare`)."""
+    from sciml import _tier
+    from sciml.solvers.kernels.ros import ros_integrate
+
+    _tier.prepare(ros_integrate)
 
 
 def _rebuild_model(cls, name, states, params, nets, obs_names, trace, obs_trace):

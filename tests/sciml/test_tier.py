@@ -10,8 +10,10 @@
 - The background process, end to end, into an empty disk cache.
 """
 
+import base64
 import json
 import os
+import pickle
 import subprocess
 import sys
 
@@ -228,6 +230,7 @@ from tests.sciml.test_tier import _spiral
 from numba.core.base import builtin_registry
 from numba.core.registry import cpu_target
 prob, data = _spiral()
+started = _tier._COMPILER.proc is not None  # by the model's build, before any solve
 first = sciml.solve(prob, rtol=1e-8, atol=1e-10, saveat=data.t).u
 prepared = builtin_registry in cpu_target.target_context._registries
 tiers = list(_tier._TIERS.values())
@@ -236,7 +239,15 @@ ok = [j.done.wait(300) and j.ok for j in jobs]
 again = sciml.solve(prob, rtol=1e-8, atol=1e-10, saveat=data.t).u
 loaded = [_tier.loaded(t.disp, t.sig) is not None for t in tiers]
 print(json.dumps({"n": len(tiers), "ok": ok, "loaded": loaded, "prepared": prepared,
-                  "diff": float(np.max(np.abs(first - again)))}))
+                  "started": started, "diff": float(np.max(np.abs(first - again)))}))
+"""
+
+_WARM = """
+import json, sciml
+from sciml import _tier
+from tests.sciml.test_tier import _spiral
+prob, data = _spiral()
+print(json.dumps({"started": _tier._COMPILER.proc is not None}))
 """
 
 
@@ -247,6 +258,44 @@ def test_the_background_process_fills_an_empty_cache(tmp_path):
     # the first, interpreted solve found nothing on disk without numba preparing its
     # compiler first (0.15-0.2 s of a cold first call)
     assert not out["prepared"]
+    # started as the model was built, the cache being empty; not where it holds loops
+    assert out["started"]
+    assert not _run(_WARM, SCIML_INTERPRET="1", NUMBA_CACHE_DIR=str(tmp_path))["started"]
+
+
+class _Pipe:
+    """The background process's ends of the pipes: what it was asked, what it answers."""
+
+    def __init__(self, answers=()):
+        self.asked, self.stdout = [], answers
+
+    def write(self, line):
+        self.asked.append(pickle.loads(base64.b64decode(line))[1:3])
+
+    def flush(self):
+        pass
+
+    def poll(self):
+        return None
+
+
+def test_a_one_off_function_compiles_after_the_loops():
+    from sciml import _tier
+    from sciml.solvers.kernels import ros, sparse
+
+    compiler = _tier._Compiler()
+    compiler.proc = pipe = _Pipe()
+    pipe.stdin = pipe
+    sig = ("argument types",)
+    once = compiler.request(sparse.symbolic, sig)  # asked first, as a model's load does
+    loop = compiler.request(ros.ros_integrate, sig)
+    assert pipe.asked == [("sciml.solvers.kernels.ros", "ros_integrate")]
+    key = (id(ros.ros_integrate), sig)
+    pipe.stdout = [base64.b64encode(pickle.dumps((key, status))) + b"\n"
+                   for status in ("started", "ok")]
+    compiler._answers()  # the loop compiled: the process is idle
+    assert loop.ok and pipe.asked[1:] == [("sciml.solvers.kernels.sparse", "symbolic")]
+    assert compiler.idle == [] and once is compiler.jobs[(id(sparse.symbolic), sig)]
 
 
 def test_an_interpreted_call_stops_when_its_compile_is_done():

@@ -60,7 +60,7 @@ class SparseLU(NamedTuple):
     mark: np.ndarray
 
 
-@jit
+@jit(once=True)
 def symbolic(bptr, bidx, n):
     """The fill pattern of the LU without pivoting of a matrix with CSR pattern
     ``(bptr, bidx)`` (diagonal present, columns sorted): ``(ptr, idx, diag)``.
@@ -167,7 +167,7 @@ def analyse(jptr, jidx, n, ordering="mmd"):
                     mark)
 
 
-@jit
+@jit(once=True)
 def _positions(ptr, idx, rows, cols):
     """Position in the factors' storage of each entry (rows[e], cols[e])."""
     out = np.empty(rows.shape[0], dtype=np.int64)
