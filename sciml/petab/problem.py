@@ -92,6 +92,11 @@ class PetabProblem:
         73 conditions).
     rtol, atol : float
         Tolerances of the solves (default 1e-8, 1e-10).
+    share_solves : bool
+        Experiments whose conditions give the model the same start, parameters and
+        pre-equilibration (they differ only in what is measured, or in their observables'
+        and noise parameters) share one solve, to the last of their times (default True;
+        Raimundez_PCB2020's 170 experiments are 37 solves). False: one solve each.
 
     Attributes
     ----------
@@ -112,7 +117,8 @@ class PetabProblem:
     #: whose error grows at the kinks).
     DEFAULT_SENSEALG = "ForwardSensitivity"
 
-    def __init__(self, problem_yaml, solver=None, sensealg=None, rtol=1e-8, atol=1e-10):
+    def __init__(self, problem_yaml, solver=None, sensealg=None, rtol=1e-8, atol=1e-10,
+                 share_solves=True):
 
         from ..solvers.erk import Tsit5
         from ..solvers.rosenbrock import Rodas5
@@ -121,6 +127,7 @@ class PetabProblem:
         self.solver = solver
         self.sensealg = sensealg
         self.rtol, self.atol = float(rtol), float(atol)
+        self.share_solves = bool(share_solves)
         self._read()
         self._build_model()
         if self.solver is None:
@@ -714,7 +721,7 @@ class PetabProblem:
                 self._meas.append(dict(row))
                 rows.setdefault(eid, []).append((k, oid, tm, m, op, npar))
         self._meas_columns = list(self.t_meas[0].columns)
-        self.sims = []
+        solves = {}  # what the model is given -> (experiments, their rows, the experiment)
         for eid, rs in rows.items():
             at_rest = [r for r in rs if r[2] == math.inf]
             if at_rest and len(at_rest) < len(rs):
@@ -733,6 +740,10 @@ class PetabProblem:
                                  "supported (parameter changes within a simulation are not "
                                  "read yet)")
             t0 = main[0][0]
+            first = min(r[2] for r in rs)
+            if first < t0:
+                raise PetabError(f"experiment {eid!r}: a measurement at t = {first} precedes "
+                                 f"its start t = {t0}")
             cids = [c for p in main for c in p[1]]
             changes = {}
             for c in cids:
@@ -742,10 +753,26 @@ class PetabProblem:
                 pre_changes = {}
                 for c in (c for p in pre for c in p[1]):
                     pre_changes.update(cond.get(c, {}))
-            # (placeholders are in the model's observables: `_placeholder_groups`)
-            sim = self._simulation(eid, cids, t0, changes, rs)
+            # (placeholders are in the model's observables: `_placeholder_groups`, so an
+            # experiment's solve depends on its conditions alone; their ids only through
+            # array inputs)
+            key = (t0, bool(at_rest), frozenset(changes.items()),
+                   None if pre_changes is None else frozenset(pre_changes.items()),
+                   (tuple(cids), tuple(c for p in pre for c in p[1]))
+                   if self.input_arrays else None)
+            if not self.share_solves:
+                key = eid
+            group = solves.get(key)
+            if group is None:
+                group = solves[key] = ([], [], (t0, cids, changes, pre, pre_changes))
+            group[0].append(eid)
+            group[1].extend(rs)
+        self.sims = []
+        for eids, rs, (t0, cids, changes, pre, pre_changes) in solves.values():
+            sim = self._simulation(eids[0], cids, t0, changes, rs)
+            sim["experiments"] = eids
             if pre_changes is not None:
-                sim["pre"] = self._preequilibration(eid, pre, pre_changes, changes)
+                sim["pre"] = self._preequilibration(eids[0], pre, pre_changes, changes)
             self.sims.append(sim)
 
     def _preequilibration(self, eid, periods, pre_changes, changes):
@@ -806,9 +833,6 @@ class PetabProblem:
         steady = bool(times[-1] == math.inf)  # measured at steady state
         if steady:
             times = np.array([t0])  # where the rows point; the state is the steady state
-        if times[0] < t0:
-            raise PetabError(f"experiment {eid!r}: a measurement at t = {times[0]} precedes its "
-                             f"start t = {t0}")
         # the model observable of each row (its placeholders' assignment), and the columns
         # this simulation reads: those observables, then their noise formulas
         of_row = [self._obs_col.get(r[1]) or self._obs_col[(r[1], r[4], r[5])] for r in rs]

@@ -325,3 +325,38 @@ def test_a_condition_overrides_a_parameter_with_an_initial_assignment(tmp_path):
     x = np.where(t < tau, a / k + (x0 - a / k) * np.exp(-k * t),
                  x_tau * np.exp(-k * (t - tau)))
     _check_against(pp, yaml, t, x)
+
+
+def _two_conditions(tmp_path, ratio_2):
+    """Boehm with its measurements spread over two conditions (the pSTAT5B rows under the
+    second), which set its fixed parameter ``ratio`` to 0.693 (its nominal value) and to
+    ``ratio_2``."""
+    d, yaml = _copy(tmp_path)
+    cond = next(f for f in os.listdir(d) if f.startswith("experimentalCondition"))
+    (d / cond).write_text("conditionId\tratio\nmodel1_data1\t0.693\n"
+                          f"model1_data2\t{ratio_2}\n")
+    meas = next(f for f in os.listdir(d) if f.startswith("measurementData"))
+    df = pd.read_csv(d / meas, sep="\t")
+    df.loc[df.observableId == "pSTAT5B_rel", "simulationConditionId"] = "model1_data2"
+    df.to_csv(d / meas, sep="\t", index=False)
+    return yaml
+
+
+def test_experiments_the_model_sees_alike_share_one_solve(tmp_path):
+    yaml = _two_conditions(tmp_path, 0.693)
+    pp = sciml.petab.load(yaml)
+    assert len(pp.sims) == 1 and pp.sims[0]["experiments"] == ["model1_data1", "model1_data2"]
+    assert pp.llh(pp.nominal) == pytest.approx(AMICI_LLH[BOEHM], abs=1e-4)
+    each = sciml.petab.load(yaml, share_solves=False)
+    assert len(each.sims) == 2
+    x = pp.nominal + 0.05 * np.random.default_rng(1).standard_normal(len(pp.nominal))
+    v, g = pp.llh_and_grad(x)
+    v_each, g_each = each.llh_and_grad(x)
+    assert v == pytest.approx(v_each, rel=1e-8)
+    np.testing.assert_allclose(g, g_each, rtol=1e-5, atol=1e-6 * np.max(np.abs(g_each)))
+    np.testing.assert_allclose(pp.simulate(x)["simulation"], each.simulate(x)["simulation"],
+                               rtol=1e-6)
+    # a condition that sets a parameter differently is a solve of its own
+    other = sciml.petab.load(_two_conditions(tmp_path / "other", 0.5))
+    assert len(other.sims) == 2
+    assert other.llh(pp.nominal) != pytest.approx(AMICI_LLH[BOEHM], abs=1e-2)
