@@ -302,6 +302,7 @@ class _Compiler:
             line = base64.b64encode(pickle.dumps((key, *name, sig))) + b"\n"
             if getattr(disp, "once", False):
                 self.idle.append((job, line))  # after the loops (`_send_idle`)
+                self._send_idle()
             else:
                 self._send(job, line)
             return job
@@ -317,9 +318,10 @@ class _Compiler:
         """The one-off functions asked for (``once``: a model's sparsity analysis, which
         the interpreter runs in milliseconds and numba compiles in 3 to 5 s), once a loop
         is compiled and none is left: they would hold up the loops that every solve runs.
-        Called with the lock held."""
+        Called with the lock held, as a job ends or a one-off is asked."""
         held = {id(job) for job, _ in self.idle}
-        if held and all(job.done.is_set() for job in self.jobs.values() if id(job) not in held):
+        loops = [job for job in self.jobs.values() if id(job) not in held]
+        if held and loops and all(job.done.is_set() for job in loops):
             for job, line in self.idle:
                 self._send(job, line)
             self.idle = []

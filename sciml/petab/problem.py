@@ -769,8 +769,7 @@ class PetabProblem:
             group[1].extend(rs)
         self.sims = []
         for eids, rs, (t0, cids, changes, pre, pre_changes) in solves.values():
-            sim = self._simulation(eids[0], cids, t0, changes, rs)
-            sim["experiments"] = eids
+            sim = self._simulation(eids, cids, t0, changes, rs)
             if pre_changes is not None:
                 sim["pre"] = self._preequilibration(eids[0], pre, pre_changes, changes)
             self.sims.append(sim)
@@ -828,7 +827,7 @@ class PetabProblem:
             sp["outer"].vjp(gp + sp["prob"].initial_vjp(th_pre, gs), tape_pre, gz, gW)
         sim["outer"].vjp(g, tape, gz, gW)
 
-    def _simulation(self, eid, cids, t0, changes, rs):
+    def _simulation(self, eids, cids, t0, changes, rs):
         times = np.unique([r[2] for r in rs])
         steady = bool(times[-1] == math.inf)  # measured at steady state
         if steady:
@@ -846,11 +845,11 @@ class PetabProblem:
             times, names, row_t, row_y, row_y + len(used), np.array([r[3] for r in rs]),
             np.array([self._obs_rows[r[1]][0] for r in rs]),
             np.array([self._obs_rows[r[1]][1] for r in rs]))
-        outer = Outer(self, eid, cids, changes, {}, ())
+        outer = Outer(self, eids[0], cids, changes, {}, ())
         tf = times[-1] if times[-1] > t0 else t0 + 1.0
         theta = outer.theta(*self._split_x(self.nominal))[0]
         prob = ODEProblem(self.model, self._u0_fn, (t0, tf), theta, events=self._events)
-        return dict(experiment=eid, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer,
+        return dict(experiments=eids, rows=[r[0] for r in rs], data=meas, prob=prob, outer=outer,
                     steady=steady)
 
     # ============================================================ evaluation

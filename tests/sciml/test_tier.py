@@ -296,6 +296,9 @@ def test_a_one_off_function_compiles_after_the_loops():
     compiler._answers()  # the loop compiled: the process is idle
     assert loop.ok and pipe.asked[1:] == [("sciml.solvers.kernels.sparse", "symbolic")]
     assert compiler.idle == [] and once is compiler.jobs[(id(sparse.symbolic), sig)]
+    # asked once the loops are compiled, a one-off goes at once
+    compiler.request(sparse._positions, sig)
+    assert pipe.asked[2:] == [("sciml.solvers.kernels.sparse", "_positions")]
 
 
 def test_an_interpreted_call_stops_when_its_compile_is_done():
